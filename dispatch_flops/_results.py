@@ -1,0 +1,101 @@
+"""Plain, frozen result types handed to users. No counting logic lives here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+ROOT = ""  # the root model's name in by_module(); without a model, everything is charged here
+FORWARD = "forward"
+BACKWARD = "backward"
+PHASES = (FORWARD, BACKWARD)
+
+EXACT = "exact"  # priced by a formula
+NO_ARITHMETIC = "no_arithmetic"  # declared to do no arithmetic (views, copies, allocation)
+UNSUPPORTED = "unsupported"  # no formula: bytes counted, flops unknown
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counts for a set of op calls. ``flops`` includes ``2 * macs``."""
+
+    calls: int = 0
+    flops: int = 0
+    macs: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def __add__(self, other: "Stats") -> "Stats":
+        return Stats(
+            self.calls + other.calls,
+            self.flops + other.flops,
+            self.macs + other.macs,
+            self.bytes_read + other.bytes_read,
+            self.bytes_written + other.bytes_written,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModuleStats:
+    """One module's counts: ``inclusive`` of everything it ran (children too), ``exclusive``
+    of the ops it ran directly. ``flops``/``macs``/``bytes_*`` read the inclusive side.
+    ``calls`` counts forward calls of the module (``Stats.calls`` counts op calls)."""
+
+    name: str
+    calls: int
+    params: int
+    inclusive: Stats
+    exclusive: Stats
+    by_operator: Mapping[str, Stats] = field(default_factory=dict)  # inclusive, per op
+
+    @property
+    def flops(self) -> int:
+        return self.inclusive.flops
+
+    @property
+    def macs(self) -> int:
+        return self.inclusive.macs
+
+    @property
+    def bytes_read(self) -> int:
+        return self.inclusive.bytes_read
+
+    @property
+    def bytes_written(self) -> int:
+        return self.inclusive.bytes_written
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "calls": self.calls,
+            "params": self.params,
+            "inclusive": self.inclusive.to_dict(),
+            "exclusive": self.exclusive.to_dict(),
+            "by_operator": {op: s.to_dict() for op, s in self.by_operator.items()},
+        }
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """Aggregated calls of one op overload in one module stack and phase."""
+
+    module: str  # innermost running module: the exclusive owner
+    stack: tuple  # the running module stack, root first
+    phase: str
+    operator: str  # packet name, e.g. "aten.mm"
+    overload: str  # e.g. "aten.mm.default"
+    category: str  # EXACT, NO_ARITHMETIC or UNSUPPORTED
+    stats: Stats
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stack"] = list(self.stack)
+        return d
+
+
+def frozen_mapping(d: dict) -> Mapping:
+    return MappingProxyType(dict(d))

@@ -1,0 +1,33 @@
+"""dispatch_flops.formulas: the pure formula library (never imports the engine).
+
+Importing it registers every built-in formula and the no-arithmetic table in ``REGISTRY``.
+"""
+
+from ._registry import (
+    REGISTRY,
+    Category,
+    Cost,
+    Entry,
+    Formula,
+    Movement,
+    Registry,
+    ZERO_COST,
+    has_formula,
+    register_formula,
+)
+from .costs import ELEMENT_COSTS
+from . import attention, conv, matmul, no_arithmetic, norms  # noqa: F401  (registers)
+
+__all__ = [
+    "Category",
+    "Cost",
+    "ELEMENT_COSTS",
+    "Entry",
+    "Formula",
+    "Movement",
+    "REGISTRY",
+    "Registry",
+    "ZERO_COST",
+    "has_formula",
+    "register_formula",
+]

@@ -1,0 +1,197 @@
+"""Scaled-dot-product attention: every fused variant torch dispatches to, forward and backward.
+
+Shapes (after moving heads first): q [b, h_q, s_q, d], k [b, h_kv, s_k, d], v [b, h_kv, s_k, d_v]
+with h_q a multiple of h_kv (GQA/MQA: each query head still meets s_k keys).
+
+Forward MACs = pairs * (d + d_v): scores q @ k^T, then probs @ v.
+Backward MACs = pairs * (3 d + 2 d_v): the fused kernels recompute q @ k^T, then
+grad_probs = grad_out @ v^T, grad_v = probs^T @ grad_out, grad_q = grad_s @ k, grad_k = grad_s^T @ q.
+``pairs`` is b * h_q * s_q * s_k (dense, the default), or with ``causal_unmasked_only`` and
+``is_causal`` only the unmasked (query, key) pairs of torch's top-left-aligned causal mask.
+Non-MAC flops per pair: the scale, the softmax and (backward) its gradient, from ELEMENT_COSTS;
+an additive mask/bias adds one flop per pair.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._registry import Cost, register_formula
+from .costs import ELEMENT_COSTS
+
+aten = torch.ops.aten
+
+
+def attention_pairs(b: int, h: int, s_q: int, s_k: int, causal: bool) -> int:
+    """(query, key) pairs that are computed; causal means the top-left-aligned tril mask."""
+    if not causal:
+        return b * h * s_q * s_k
+    # row i attends to keys 0..i (at most s_k of them)
+    full_rows = max(0, s_q - s_k)  # rows i >= s_k see all keys
+    partial = min(s_q, s_k)
+    return b * h * (partial * (partial + 1) // 2 + full_rows * s_k)
+
+
+def attention_forward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
+    b, h, s_q, d = q
+    s_k, d_v = k[-2], v[-1]
+    pairs = attention_pairs(b, h, s_q, s_k, causal)
+    macs = pairs * (d + d_v)
+    per_pair = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"] + int(masked)
+    return Cost(2 * macs + pairs * per_pair, macs)
+
+
+def attention_backward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
+    b, h, s_q, d = q
+    s_k, d_v = k[-2], v[-1]
+    pairs = attention_pairs(b, h, s_q, s_k, causal)
+    macs = pairs * (3 * d + 2 * d_v)
+    per_pair = (
+        ELEMENT_COSTS["attention_scale"]
+        + ELEMENT_COSTS["softmax"]
+        + ELEMENT_COSTS["softmax_backward"]
+        + int(masked)
+    )
+    return Cost(2 * macs + pairs * per_pair, macs)
+
+
+def _heads_first(shape):
+    # [b, s, h, d] -> [b, h, s, d] for the _flash/_efficient_attention_* kernels
+    return (shape[0], shape[2], shape[1], shape[3])
+
+
+def _packed_to_batched(shape, max_len: int, cum_seq):
+    # varlen layout [total, h, d] priced as len(cum_seq)-1 sequences of max_len (an upper
+    # bound: the true lengths are tensor values, which formulas never see)
+    return (cum_seq[0] - 1, shape[1], max_len, shape[2])
+
+
+# ---- forward -------------------------------------------------------------------------------
+
+
+@register_formula([aten._scaled_dot_product_flash_attention_for_cpu])
+def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, out_shape, attn_mask=None,
+                   scale=None, causal_unmasked_only=False) -> Cost:
+    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                  masked=attn_mask is not None)
+
+
+@register_formula([aten._scaled_dot_product_flash_attention])
+def sdpa_flash(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape,
+               causal_unmasked_only=False, **kw) -> Cost:
+    if not isinstance(is_causal, bool):  # .quantized: three descale tensors precede dropout_p
+        is_causal = args[2] if len(args) > 2 else kw.get("is_causal", False)
+    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only, masked=False)
+
+
+@register_formula([aten._scaled_dot_product_efficient_attention,
+                   aten._scaled_dot_product_cudnn_attention])
+def sdpa_with_bias(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                   *args, out_shape, causal_unmasked_only=False, **kw) -> Cost:
+    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                  masked=attn_bias is not None)
+
+
+@register_formula([aten._scaled_dot_product_fused_attention_overrideable,
+                   aten.scaled_dot_product_attention, aten._scaled_dot_product_attention_math])
+def sdpa_generic(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args, out_shape,
+                 causal_unmasked_only=False, **kw) -> Cost:
+    # the composite entry points reach the mode only under inference_mode
+    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                  masked=attn_mask is not None)
+
+
+@register_formula(aten._flash_attention_forward)
+def flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                            *args, out_shape, causal_unmasked_only=False, **kw) -> Cost:
+    if cum_seq_q is not None:
+        q, k, v = (_packed_to_batched(q, max_q, cum_seq_q), _packed_to_batched(k, max_k, cum_seq_k),
+                   _packed_to_batched(v, max_k, cum_seq_k))
+    else:
+        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only, masked=False)
+
+
+@register_formula(aten._efficient_attention_forward)
+def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, dropout_p, custom_mask_type, *args, out_shape,
+                                causal_unmasked_only=False, **kw) -> Cost:
+    if cu_seqlens_q is not None:
+        q, k, v = (_packed_to_batched(q[1:], max_seqlen_q, cu_seqlens_q),
+                   _packed_to_batched(k[1:], max_seqlen_k, cu_seqlens_k),
+                   _packed_to_batched(v[1:], max_seqlen_k, cu_seqlens_k))
+    else:
+        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    causal = custom_mask_type != 0 and causal_unmasked_only
+    return attention_forward_cost(q, k, v, causal=causal, masked=bias is not None)
+
+
+# ---- backward ------------------------------------------------------------------------------
+
+
+@register_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+def sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
+                            out_shape, attn_mask=None, scale=None,
+                            causal_unmasked_only=False) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                   masked=attn_mask is not None)
+
+
+@register_formula(aten._scaled_dot_product_flash_attention_backward)
+def sdpa_flash_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                        dropout_p, is_causal, *args, out_shape, causal_unmasked_only=False,
+                        **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                   masked=False)
+
+
+@register_formula(aten._scaled_dot_product_efficient_attention_backward)
+def sdpa_efficient_backward(grad_out, q, k, v, attn_bias, out, logsumexp, philox_seed,
+                            philox_offset, dropout_p, grad_input_mask, is_causal=False, *,
+                            out_shape, causal_unmasked_only=False, **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                   masked=attn_bias is not None)
+
+
+@register_formula(aten._scaled_dot_product_cudnn_attention_backward)
+def sdpa_cudnn_backward(grad_out, q, k, v, out, logsumexp, philox_seed, philox_offset,
+                        attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *,
+                        out_shape, causal_unmasked_only=False, **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                   masked=attn_bias is not None)
+
+
+@register_formula(aten._scaled_dot_product_fused_attention_overrideable_backward)
+def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
+                               cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *args,
+                               out_shape, causal_unmasked_only=False, **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                   masked=attn_bias is not None)
+
+
+@register_formula(aten._flash_attention_backward)
+def flash_attention_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
+                             max_k, dropout_p, is_causal, *args, out_shape,
+                             causal_unmasked_only=False, **kw) -> Cost:
+    if cum_seq_q is not None:
+        q, k, v = (_packed_to_batched(q, max_q, cum_seq_q), _packed_to_batched(k, max_k, cum_seq_k),
+                   _packed_to_batched(v, max_k, cum_seq_k))
+    else:
+        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+                                   masked=False)
+
+
+@register_formula(aten._efficient_attention_backward)
+def efficient_attention_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k,
+                                 max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed,
+                                 philox_offset, custom_mask_type, *args, out_shape,
+                                 causal_unmasked_only=False, **kw) -> Cost:
+    if cu_seqlens_q is not None:
+        q, k, v = (_packed_to_batched(q[1:], max_seqlen_q, cu_seqlens_q),
+                   _packed_to_batched(k[1:], max_seqlen_k, cu_seqlens_k),
+                   _packed_to_batched(v[1:], max_seqlen_k, cu_seqlens_k))
+    else:
+        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    causal = custom_mask_type != 0 and causal_unmasked_only
+    return attention_backward_cost(q, k, v, causal=causal, masked=bias is not None)

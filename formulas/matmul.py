@@ -1,0 +1,138 @@
+"""Matrix-multiply family: mm, addmm, bmm, baddbmm, addbmm, grouped, scaled, linear, matmul, einsum.
+
+Bias/``self`` additions are flops (one per output element), never MACs.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import torch
+
+from ._registry import Cost, register_formula
+from ._shapes import numel
+
+aten = torch.ops.aten
+
+
+def matmul_macs(a_shape, b_shape) -> int:
+    """MACs of ``torch.matmul`` semantics: 1-d promotion and batch broadcasting."""
+    a, b = list(a_shape), list(b_shape)
+    if len(a) == 1:
+        a = [1] + a
+    if len(b) == 1:
+        b = b + [1]
+    # a: [*batch_a, m, k], b: [*batch_b, k, n]
+    m, k, n = a[-2], a[-1], b[-1]
+    batch = torch.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+    return prod(batch) * m * k * n
+
+
+def _with_bias(macs: int, added_elements: int) -> Cost:
+    return Cost(2 * macs + added_elements, macs)
+
+
+@register_formula([aten.mm, aten._int_mm, aten._scaled_mm])
+def mm(a, b, *args, out_shape, **kwargs) -> Cost:
+    # a: [m, k], b: [k, n]; _scaled_mm's optional bias adds one flop per output element
+    bias = kwargs.get("bias", args[2] if len(args) > 2 else None)
+    return _with_bias(a[0] * a[1] * b[1], numel(out_shape) if bias is not None else 0)
+
+
+@register_formula(aten.addmm)
+def addmm(bias, a, b, *, out_shape, **kwargs) -> Cost:
+    return _with_bias(a[0] * a[1] * b[1], numel(out_shape))
+
+
+@register_formula(aten.bmm)
+def bmm(a, b, *, out_shape, **kwargs) -> Cost:
+    # a: [batch, m, k], b: [batch, k, n]
+    return Cost(2 * a[0] * a[1] * a[2] * b[2], a[0] * a[1] * a[2] * b[2])
+
+
+@register_formula(aten.baddbmm)
+def baddbmm(bias, a, b, *, out_shape, **kwargs) -> Cost:
+    return _with_bias(a[0] * a[1] * a[2] * b[2], numel(out_shape))
+
+
+@register_formula(aten.addbmm)
+def addbmm(bias, a, b, *, out_shape, **kwargs) -> Cost:
+    # out = bias + sum_b a[b] @ b[b]: the batch sum is part of the MAC chain
+    return _with_bias(a[0] * a[1] * a[2] * b[2], numel(out_shape))
+
+
+@register_formula([aten._grouped_mm, aten._scaled_grouped_mm])
+def grouped_mm(a, b, *args, out_shape, **kwargs) -> Cost:
+    # MoE experts. 2d x 3d: a [rows, k], b [groups, k, n] -> [rows, n]: each row meets one
+    # expert. 3d x 3d, 3d x 2d: out_numel * k. 2d x 2d: a [m, k_total] split along k into
+    # groups, out [groups, m, n]: m * n * k_total.
+    if len(a) == 2 and len(b) == 2:
+        macs = a[0] * a[1] * b[1]
+    else:
+        macs = numel(out_shape) * a[-1]
+    bias = kwargs.get("bias")
+    return _with_bias(macs, numel(out_shape) if bias is not None else 0)
+
+
+@register_formula([aten.mv, aten.dot, aten.vdot])
+def mv(a, b, *args, out_shape, **kwargs) -> Cost:
+    # mv: a [m, k], b [k]; dot: a [k], b [k]
+    macs = numel(a)
+    return Cost(2 * macs, macs)
+
+
+@register_formula(aten.addmv)
+def addmv(bias, a, b, *, out_shape, **kwargs) -> Cost:
+    return _with_bias(numel(a), numel(out_shape))
+
+
+@register_formula(aten.addr)
+def addr(bias, u, v, *, out_shape, **kwargs) -> Cost:
+    # out = bias + outer(u, v): one multiply-accumulate per output element
+    macs = numel(out_shape)
+    return Cost(2 * macs, macs)
+
+
+@register_formula(aten.linear)
+def linear(x, weight, bias=None, *, out_shape, **kwargs) -> Cost:
+    # x: [..., in], weight: [out, in]; reaches the mode under inference_mode
+    macs = numel(out_shape) * weight[-1]
+    return _with_bias(macs, numel(out_shape) if bias is not None else 0)
+
+
+@register_formula(aten.matmul)
+def matmul(a, b, *, out_shape, **kwargs) -> Cost:
+    macs = matmul_macs(a, b)
+    return Cost(2 * macs, macs)
+
+
+def _einsum_macs(equation: str, shapes) -> int:
+    """Left-to-right pairwise contraction, as torch.einsum does without opt_einsum paths."""
+    lhs, _, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if not _:
+        # implicit output: indices seen once, in alphabetical order
+        letters = "".join(terms)
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if "." in lhs:
+        raise ValueError("einsum with '...' is not priced yet; use explicit indices")
+    size = {}
+    for term, shape in zip(terms, shapes):
+        for c, s in zip(term, shape):
+            size[c] = s
+    macs = 0
+    current = terms[0]
+    for i, nxt in enumerate(terms[1:], start=1):
+        later = set(out).union(*terms[i + 1 :])
+        # an index only in one operand and needed nowhere else is summed first (no MACs)
+        keep_a = {c for c in current if c in nxt or c in later}
+        keep_b = {c for c in nxt if c in current or c in later}
+        macs += prod(size[c] for c in keep_a | keep_b)
+        current = "".join(c for c in sorted(keep_a | keep_b) if c in later)
+    return macs
+
+
+@register_formula(aten.einsum)
+def einsum(equation, operands, *args, out_shape, **kwargs) -> Cost:
+    macs = _einsum_macs(equation, operands)
+    return Cost(2 * macs, macs)
