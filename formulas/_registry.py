@@ -102,10 +102,13 @@ class Registry:
         """Bumped on every change, so that callers may cache lookups."""
         return self._version
 
-    def _put(self, ops, entry: Entry, override: bool) -> None:
+    @staticmethod
+    def _normalise(ops) -> list:
         ops = list(ops) if isinstance(ops, (list, tuple, set, frozenset)) else [ops]
-        for raw in ops:
-            op = _as_op(raw)
+        return [_as_op(op) for op in ops]
+
+    def _put(self, ops: list, entry: Entry, override: bool) -> None:
+        for op in ops:
             table = self._overloads if isinstance(op, OpOverload) else self._packets
             if op in table and not override:
                 raise ValueError(
@@ -117,6 +120,8 @@ class Registry:
     def formula(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
         """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula."""
 
+        ops = self._normalise(ops)  # fail at the decorator line, not later
+
         def decorate(fn: Formula) -> Formula:
             self._put(ops, Entry(Category.FORMULA, fn), override)
             return fn
@@ -127,7 +132,7 @@ class Registry:
         self, ops: Iterable, movement: Movement, *, override: bool = False
     ) -> None:
         """Declare ``ops`` as doing no arithmetic, moving memory as ``movement`` says."""
-        self._put(list(ops), Entry(Category.NO_ARITHMETIC, movement=movement), override)
+        self._put(self._normalise(ops), Entry(Category.NO_ARITHMETIC, movement=movement), override)
 
     def lookup(self, op: OpOverload) -> Entry:
         """The one lookup: overload override, then packet, then unsupported."""

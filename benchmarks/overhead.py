@@ -1,0 +1,80 @@
+"""Added cost per aten op: a do-nothing TorchDispatchMode vs torch's FlopCounterMode vs ours.
+
+One model (the tiny GPT demo, forward + backward: many small ops, so per-op overhead shows),
+run eagerly and under each mode, interleaved round by round in this one process; medians.
+Prints the added microseconds per aten op and the ratios to the do-nothing mode's cost.
+Target: ours <= 1.5x the do-nothing mode, well under FlopCounterMode.
+
+    python benchmarks/overhead.py [--rounds 15] [--iters 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from dispatch_flops import FlopCounter
+from dispatch_flops.models import GPT, GPTConfig
+
+
+class DoNothing(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    cfg = GPTConfig(n_layer=4, d_model=64, n_head=4, vocab_size=256, max_seq_len=32)
+    model = GPT(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+
+    def step():
+        model(idx).sum().backward()
+
+    with FlopCounter(model) as probe:
+        step()
+    ops = probe.total.calls
+
+    variants = {
+        "eager": contextlib.nullcontext,
+        "do-nothing mode": DoNothing,
+        "FlopCounterMode": lambda: FlopCounterMode(display=False),
+        "dispatch_flops": lambda: FlopCounter(model),
+    }
+    times = {name: [] for name in variants}
+    for _ in range(3):  # warm-up
+        for make in variants.values():
+            with make():
+                step()
+    for _ in range(args.rounds):
+        for name, make in variants.items():
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                with make():
+                    step()
+            times[name].append((time.perf_counter() - start) / args.iters)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    added = {name: (median[name] - median["eager"]) / ops * 1e6 for name in variants}
+    print(f"model: GPT {cfg.n_layer}x{cfg.d_model}, batch 2 x 16 tokens, forward + backward, "
+          f"{ops} aten ops per step, {args.rounds} rounds x {args.iters} steps, 1 thread")
+    print(f"eager step: {median['eager'] * 1e3:.2f} ms")
+    for name in ("do-nothing mode", "FlopCounterMode", "dispatch_flops"):
+        print(f"{name:>16}: step {median[name] * 1e3:7.2f} ms, added {added[name]:6.2f} us/op, "
+              f"{added[name] / added['do-nothing mode']:.2f}x the do-nothing mode")
+    ratio = added["dispatch_flops"] / added["do-nothing mode"]
+    print(f"target ours <= 1.5x do-nothing: {'met' if ratio <= 1.5 else 'NOT met'} ({ratio:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

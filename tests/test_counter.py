@@ -1,0 +1,374 @@
+"""FlopCounter: attribution, phases, bytes, registry, and leaving the user's things as they were."""
+
+import gc
+import json
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+from dispatch_flops import ROOT, Cost, FlopCounter, Stats, has_formula, register_formula
+from dispatch_flops.formulas import Registry
+from dispatch_flops.models import GPT, GPTConfig
+
+TINY = GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)
+
+
+def tiny_gpt():
+    torch.manual_seed(0)
+    return GPT(TINY)
+
+
+def run_gpt(model, backward=True):
+    idx = torch.randint(0, TINY.vocab_size, (2, 8))
+    out = model(idx)
+    if backward:
+        out.sum().backward()
+    return out
+
+
+def _sum(stats):
+    return sum(stats, Stats())
+
+
+# ---- invariants ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("phase", [None, "forward", "backward"])
+def test_attribution_invariants(phase):
+    """Root inclusive == total; exclusive values sum to the total; children <= parent."""
+    model = tiny_gpt()
+    with FlopCounter(model) as fc:
+        run_gpt(model)
+    modules = fc.by_module(phase=phase)
+    total = fc.total if phase is None else fc.by_phase()[phase]
+    root = modules[ROOT]
+    assert root.inclusive == total
+    assert _sum(m.exclusive for m in modules.values()) == total
+    assert total.macs > 0
+    for name, m in modules.items():
+        children = [c for c in modules.values()
+                    if c.name.rsplit(".", 1)[0] == name and "." in c.name
+                    or (name == ROOT and c.name and "." not in c.name)]
+        for field in ("flops", "macs", "bytes_read", "bytes_written", "calls"):
+            assert sum(getattr(c.inclusive, field) for c in children) <= getattr(m.inclusive, field)
+
+
+def test_functionals_count_toward_enclosing_module():
+    """F.scaled_dot_product_attention, @ and einsum inside forward go to the module."""
+
+    class Inner(nn.Module):
+        def forward(self, x):
+            a = F.scaled_dot_product_attention(x, x, x)
+            return torch.einsum("bhsd,bhtd->bhst", a, x) @ x
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x) * 2
+
+    model = Outer()
+    x = torch.randn(1, 2, 4, 8)
+    with FlopCounter(model) as fc:
+        model(x)
+    inner = fc.by_module()["inner"]
+    expected_macs = 2 * 4 * 4 * 16 + 2 * 4 * 4 * 8 + 2 * 4 * 4 * 8  # sdpa + einsum + matmul
+    assert inner.exclusive.macs == inner.macs == expected_macs == fc.total.macs
+    assert fc.by_module()[ROOT].exclusive.macs == 0
+
+
+def test_reused_module_accumulates_calls_without_double_counting():
+    """A module called three times has calls == 3 and its parent counts each op once."""
+
+    class Reuse(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(self.lin(self.lin(x)))
+
+    model = Reuse()
+    with FlopCounter(model) as fc:
+        model(torch.randn(3, 4))
+    lin = fc.by_module()["lin"]
+    assert lin.calls == 3
+    assert lin.macs == 3 * 3 * 4 * 4
+    assert fc.by_module()[ROOT].macs == lin.macs == fc.total.macs
+
+
+def test_shared_module_and_reentry_counted_once_in_ancestors():
+    """A module shared by two parents, and a module that calls itself, are credited once per
+    op to each running ancestor."""
+
+    class Recursive(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, depth=2):
+            x = self.lin(x)
+            return self(x, depth - 1) if depth else x
+
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(nn.Sequential(shared), nn.Sequential(shared), Recursive())
+    with FlopCounter(model) as fc:
+        model(torch.randn(2, 4))
+    m = fc.by_module()
+    per_linear = 2 * 4 * 4
+    assert m["0.0"].calls == 2 and m["0.0"].macs == 2 * per_linear
+    assert m["0"].macs == m["1"].macs == per_linear
+    assert m["2"].calls == 3 and m["2"].macs == 3 * per_linear
+    assert m[ROOT].macs == 5 * per_linear == fc.total.macs
+
+
+def test_no_model_charges_everything_to_root():
+    """Without a model, by_module() holds ROOT only, with everything."""
+    with FlopCounter() as fc:
+        torch.randn(3, 4) @ torch.randn(4, 5)
+    assert list(fc.by_module()) == [ROOT]
+    assert fc.by_module()[ROOT].inclusive == fc.total
+    assert fc.total.macs == 60
+    assert "global" in fc.table()
+
+
+# ---- backward ------------------------------------------------------------------------------
+
+
+def test_backward_attributed_to_creating_module_even_without_input_grad():
+    """Backward ops go to the module whose forward created them; the first layer's weight
+    gradient counts even though its input does not require grad."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(5, 8)  # requires_grad=False
+    with FlopCounter(model) as fc:
+        model(x).sum().backward()
+    fwd, bwd = fc.by_module(phase="forward"), fc.by_module(phase="backward")
+    assert bwd["0"].macs == 5 * 8 * 16  # weight gradient only: no input gradient needed
+    assert bwd["2"].macs == 2 * fwd["2"].macs  # weight and input gradients
+    assert fc.by_phase()["backward"].macs == bwd["0"].macs + bwd["2"].macs
+    assert {r.phase for r in fc.records()} == {"forward", "backward"}
+
+
+def test_backward_outside_counter_forward_inside():
+    """Backward run after the block is not counted; backward inside with forward outside goes
+    to the root."""
+    model = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    loss = model(x).sum()
+    with FlopCounter(model) as fc:
+        loss.backward()
+    # only the gradient seed (ones_like, made before the engine starts) is outside a node
+    assert fc.by_phase()["forward"].macs == 0
+    assert fc.by_module(phase="backward")[ROOT].macs == fc.by_phase()["backward"].macs > 0
+
+
+# ---- bytes ---------------------------------------------------------------------------------
+
+
+@given(st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]),
+       st.integers(1, 6), st.integers(1, 6))
+def test_bytes_follow_dtype_and_real_elements(dtype, m, n):
+    """bytes_read counts an expanded input's real elements at its dtype size; views move 0."""
+    a = torch.randn(m, 1, dtype=dtype).expand(m, n)  # real elements: m
+    b = torch.randn(n, n, dtype=dtype)
+    size = torch.finfo(dtype).bits // 8
+    with FlopCounter() as fc:
+        out = torch.mm(a, b)
+        out.view(-1).t()
+    mm = fc.by_operator()["aten.mm"]
+    assert mm.bytes_read == (m + n * n) * size
+    assert mm.bytes_written == m * n * size
+    for op in ("aten.view", "aten.t"):
+        assert fc.by_operator()[op].bytes_read == fc.by_operator()[op].bytes_written == 0
+
+
+def test_out_and_inplace_variants():
+    """out= tensors are written, not read; in-place ops read and write self."""
+    a, b, out = torch.randn(3, 4), torch.randn(4, 5), torch.empty(3, 5)
+    with FlopCounter() as fc:
+        torch.mm(a, b, out=out)
+    mm = fc.by_operator()["aten.mm"]
+    assert (mm.bytes_read, mm.bytes_written, mm.macs) == ((12 + 20) * 4, 15 * 4, 60)
+    with FlopCounter() as fc:
+        out.zero_()
+    assert fc.by_operator()["aten.zero_"].bytes_read == 0
+    assert fc.by_operator()["aten.zero_"].bytes_written == 60
+
+
+# ---- registry ------------------------------------------------------------------------------
+
+
+def test_unknown_op_is_reported_not_zeroed():
+    """An op without a formula shows up in unsupported_ops() with its call count."""
+    with FlopCounter() as fc:
+        torch.randn(4).cos().cos()
+    assert fc.unsupported_ops()["aten.cos"] == 2
+    assert "aten.cos x2" in fc.table()
+    assert not has_formula(torch.ops.aten.cos)
+    assert has_formula(torch.ops.aten.mm) and has_formula(torch.ops.aten.view.default)
+
+
+def test_registry_duplicates_and_overrides():
+    """Registering twice raises unless override=True; an overload override wins its packet."""
+    reg = Registry()
+    reg.formula(torch.ops.aten.cos)(lambda *a, out_shape, **k: Cost(1))
+    with pytest.raises(ValueError, match="override=True"):
+        reg.formula(torch.ops.aten.cos)(lambda *a, out_shape, **k: Cost(2))
+    reg.formula(torch.ops.aten.cos, override=True)(lambda *a, out_shape, **k: Cost(3))
+    reg.formula(torch.ops.aten.cos.out)(lambda *a, out_shape, **k: Cost(7))
+    with FlopCounter(registry=reg) as fc:
+        x = torch.randn(2)
+        x.cos()
+        torch.cos(x, out=torch.empty(2))
+    assert fc.total.flops == 3 + 7
+    with pytest.raises(TypeError, match="OpOverload"):
+        reg.formula("aten.cos")
+
+
+def test_custom_op_end_to_end():
+    """A torch.library custom op is priced by a registered formula, inside a module."""
+
+    @torch.library.custom_op("dispatch_flops_test::scaled_mm3", mutates_args=())
+    def scaled_mm3(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return 3 * (a @ b)
+
+    @scaled_mm3.register_fake
+    def _(a, b):
+        return a.new_empty(a.shape[0], b.shape[1])
+
+    @register_formula(torch.ops.dispatch_flops_test.scaled_mm3)
+    def _formula(a, b, *, out_shape):
+        m, k = a
+        n = b[1]
+        return Cost(flops=2 * m * k * n + m * n, macs=m * k * n)
+
+    class UsesIt(nn.Module):
+        def forward(self, a, b):
+            return scaled_mm3(a, b)
+
+    model = nn.Sequential(UsesIt())
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with FlopCounter(model) as fc:
+        model[0](a, b)
+    op = fc.by_operator()["dispatch_flops_test.scaled_mm3"]
+    assert (op.macs, op.flops) == (60, 135)
+    assert fc.by_module()["0"].exclusive.macs == 60
+    assert fc.unsupported_ops() == {}  # the op's own kernel runs below the mode
+    with pytest.raises(ValueError, match="already registered"):
+        register_formula(torch.ops.dispatch_flops_test.scaled_mm3)(_formula)
+    # the CustomOpDef itself is accepted too (it names the op's overload)
+    register_formula(scaled_mm3)(lambda a, b, *, out_shape: Cost(1, 0))
+    with FlopCounter() as fc:
+        scaled_mm3(a, b)
+    assert fc.total.flops == 1
+
+
+# ---- leaving things as they were -----------------------------------------------------------
+
+
+def test_outputs_bit_identical_and_nothing_left_behind():
+    """Same outputs and gradients as without the counter; hooks, modes, training flag restored."""
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, TINY.vocab_size, (2, 8))
+    ref = model(idx)
+    ref.sum().backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    hooks_before = [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()]
+    with FlopCounter(model) as fc:
+        out = model(idx)
+        out.sum().backward()
+    assert torch.equal(out, ref)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), ref_grads))
+    assert [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()] == hooks_before
+    assert not model.training
+    assert not any(isinstance(m, TorchDispatchMode) for m in _get_current_dispatch_mode_stack())
+    assert fc.total.flops > 0
+
+
+def test_exception_inside_block_cleans_up():
+    """An exception in forward leaves no hook or mode behind and propagates unchanged."""
+
+    class Boom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            self.lin(x)
+            raise KeyError("boom")
+
+    model = Boom()
+    with pytest.raises(KeyError, match="boom"):
+        with FlopCounter(model):
+            model(torch.randn(1, 2))
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    assert _get_current_dispatch_mode_stack() == []
+
+
+def test_no_tensor_kept_alive():
+    """Neither the counter nor its results keep an input or output alive."""
+    model = nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    with FlopCounter(model) as fc:
+        y = model(x)
+        y.sum().backward()
+    refs = [weakref.ref(x), weakref.ref(y)]
+    del x, y
+    gc.collect()
+    fc.to_dict()
+    assert all(r() is None for r in refs)
+
+
+def test_nested_counters_both_count():
+    """An inner counter sees its block; the outer sees everything, both attribute."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with FlopCounter(model) as outer:
+        model(torch.randn(1, 4))
+        with FlopCounter(model) as inner:
+            model(torch.randn(1, 4))
+    assert inner.total.macs == 32
+    assert outer.total.macs == 64
+    assert outer.by_module()["1"].calls == 2 and inner.by_module()["1"].calls == 1
+    with pytest.raises(RuntimeError, match="already counting"):
+        with inner:
+            with inner:
+                pass
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(ValueError, match="dense"):
+        FlopCounter(attention="sparse")
+    with pytest.raises(TypeError, match="nn.Module"):
+        FlopCounter(model="gpt")
+    fc = FlopCounter()
+    with pytest.raises(ValueError, match="forward"):
+        fc.by_module(phase="fwd")
+    with pytest.raises(ValueError, match="depth"):
+        fc.table(depth=-1)
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def test_table_and_dict_agree_with_results():
+    """The table lists modules in tree order with units; to_dict() survives JSON."""
+    model = tiny_gpt()
+    with FlopCounter(model) as fc:
+        run_gpt(model)
+    table = fc.table(depth=2)
+    assert table.splitlines()[2].startswith("GPT")
+    assert table.index("blocks.0") < table.index("blocks.1") < table.index("lm_head")
+    assert "blocks.0.attn" not in table and "blocks.0.attn" in fc.table(depth=3)
+    assert str(fc) == table
+    data = json.loads(json.dumps(fc.to_dict()))
+    assert data["total"]["macs"] == fc.total.macs
+    assert data["by_module"]["blocks.0"]["inclusive"]["flops"] == fc.by_module()["blocks.0"].flops
+    assert sum(r["stats"]["flops"] for r in data["records"]) == fc.total.flops
