@@ -1,7 +1,9 @@
 """Added cost per aten op: a do-nothing TorchDispatchMode vs torch's FlopCounterMode vs ours.
 
 One model (the tiny GPT demo, forward + backward: many small ops, so per-op overhead shows),
-run eagerly and under each mode, interleaved round by round in this one process; medians.
+run eagerly and under each mode, interleaved round by round in this one process. Each round
+gives every variant's added time against the eager run of the same round (paired, so slow
+drifts of this shared machine cancel); the figures are medians over rounds.
 Prints the added microseconds per aten op and the ratios to the do-nothing mode's cost.
 Target: ours <= 1.5x the do-nothing mode, well under FlopCounterMode.
 
@@ -30,7 +32,7 @@ class DoNothing(TorchDispatchMode):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--iters", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -51,6 +53,7 @@ def main() -> None:
         "do-nothing mode": DoNothing,
         "FlopCounterMode": lambda: FlopCounterMode(display=False),
         "dispatch_flops": lambda: FlopCounter(model),
+        "  (no model)": lambda: FlopCounter(),  # the same without module attribution
     }
     times = {name: [] for name in variants}
     for _ in range(3):  # warm-up
@@ -65,11 +68,14 @@ def main() -> None:
                     step()
             times[name].append((time.perf_counter() - start) / args.iters)
     median = {name: statistics.median(t) for name, t in times.items()}
-    added = {name: (median[name] - median["eager"]) / ops * 1e6 for name in variants}
+    added = {
+        name: statistics.median(t - e for t, e in zip(times[name], times["eager"])) / ops * 1e6
+        for name in variants
+    }
     print(f"model: GPT {cfg.n_layer}x{cfg.d_model}, batch 2 x 16 tokens, forward + backward, "
           f"{ops} aten ops per step, {args.rounds} rounds x {args.iters} steps, 1 thread")
     print(f"eager step: {median['eager'] * 1e3:.2f} ms")
-    for name in ("do-nothing mode", "FlopCounterMode", "dispatch_flops"):
+    for name in ("do-nothing mode", "FlopCounterMode", "dispatch_flops", "  (no model)"):
         print(f"{name:>16}: step {median[name] * 1e3:7.2f} ms, added {added[name]:6.2f} us/op, "
               f"{added[name] / added['do-nothing mode']:.2f}x the do-nothing mode")
     ratio = added["dispatch_flops"] / added["do-nothing mode"]

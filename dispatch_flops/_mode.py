@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dispatch_flops.formulas import Category, Movement, Registry
 
 from ._results import BACKWARD, FORWARD
+from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 
 _current_node = torch._C._current_autograd_node
 
@@ -27,11 +28,11 @@ _MOVEMENT_KIND = {Movement.NONE: VIEW, Movement.COPY: COPY, Movement.WRITE: WRIT
 def real_bytes(t: Tensor) -> int:
     """Bytes a tensor really occupies: an expanded (stride-0) dim holds one element."""
     if t.is_contiguous():
-        return t.numel() * t.element_size()
+        return t.nbytes
     try:
         strides = t.stride()
     except RuntimeError:  # sparse / nested layouts have no strides
-        return t.numel() * t.element_size()
+        return t.nbytes
     n = 1
     for size, stride in zip(t.shape, strides):
         if stride or not size:
@@ -40,37 +41,56 @@ def real_bytes(t: Tensor) -> int:
 
 
 def _bytes(values) -> int:
+    """Bytes of the tensors in ``values``, one level of lists/tuples deep (Tensor[] args)."""
     total = 0
     for v in values:
         if isinstance(v, Tensor):
-            total += real_bytes(v)
-        elif isinstance(v, (list, tuple)):
+            total += v.nbytes if v.is_contiguous() else real_bytes(v)
+        elif v.__class__ is list or v.__class__ is tuple:
             for x in v:
                 if isinstance(x, Tensor):
-                    total += real_bytes(x)
+                    total += x.nbytes if x.is_contiguous() else real_bytes(x)
     return total
 
 
 def _shape(v):
     if isinstance(v, Tensor):
         return v.shape
-    if isinstance(v, (list, tuple)):
+    if v.__class__ in (list, tuple):
         return [x.shape if isinstance(x, Tensor) else x for x in v]
     return v
 
 
 class _Resolved:
-    __slots__ = ("kind", "formula", "write_only")
+    __slots__ = ("func", "kind", "formula", "write_only")
 
-    def __init__(self, kind, formula, write_only):
+    def __init__(self, func, kind, formula, write_only):
+        self.func = func
         self.kind = kind
         self.formula = formula
         self.write_only = write_only
 
 
+# Resolutions shared by every counter on the same registry and options; dropped whenever the
+# registry changes, so a newly registered formula is seen by the next counter.
+_RESOLUTIONS: dict[tuple, tuple[int, dict]] = {}
+
+
+def _resolutions(registry: Registry, causal_unmasked_only: bool) -> dict:
+    key = (id(registry), causal_unmasked_only)
+    version, table = _RESOLUTIONS.get(key, (None, None))
+    if version != registry.version:
+        table = {}
+        _RESOLUTIONS[key] = (registry.version, table)
+    return table
+
+
 class CountingMode(TorchDispatchMode):
-    """Counts every op into ``frames[(stack, phase)][overload] = [calls, flops, macs, read,
-    written]``. ``tracker`` supplies the module stack; see ``_tracker``."""
+    """Counts every op into ``frames[(stack, phase)][id(overload)] = [calls, flops, macs, read,
+    written]``. ``tracker`` supplies the module stack; see ``_tracker``.
+
+    Dicts on the hot path are keyed by ``id(func)``: ``OpOverload.__hash__`` is a Python-level
+    call, and overloads are long-lived singletons (``resolved[id].func`` keeps each alive)."""
 
     def __init__(self, registry: Registry, tracker, causal_unmasked_only: bool):
         super().__init__()
@@ -78,8 +98,9 @@ class CountingMode(TorchDispatchMode):
         self.tracker = tracker
         self.causal_unmasked_only = causal_unmasked_only
         self.frames: dict[tuple, dict] = {}
-        self.resolved: dict = {}
+        self.resolved = _resolutions(registry, causal_unmasked_only)
         self._backward_by_seq: dict[int, dict] = {}
+        self._backward_by_boundary: dict[int, dict] = {}
         self.forward_acc = self.frame(tracker.stack, FORWARD)
 
     def frame(self, stack: tuple, phase: str) -> dict:
@@ -94,6 +115,10 @@ class CountingMode(TorchDispatchMode):
 
     def category(self, func) -> Category:
         return self.registry.lookup(func).category
+
+    def op(self, key: int):
+        """The OpOverload behind a hot-path key."""
+        return self.resolved[key].func
 
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
@@ -111,45 +136,64 @@ class CountingMode(TorchDispatchMode):
             for a in func._schema.arguments
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
         )
-        resolved = self.resolved[func] = _Resolved(kind, formula, write_only)
+        resolved = self.resolved[id(func)] = _Resolved(func, kind, formula, write_only)
         return resolved
 
     def _backward_acc(self, node) -> dict:
         seq = node._sequence_nr()
-        acc = self._backward_by_seq.get(seq)
+        if seq == _ACCUMULATE_GRAD_SEQ:  # these share one number: look each one up
+            return self.frame(self.tracker.stack_of_node(node), BACKWARD)
+        boundary = self.tracker.boundary_of_node(node)
+        acc = self._backward_by_boundary.get(boundary)
         if acc is None:
-            acc = self.frame(self.tracker.stack_of_node(node), BACKWARD)
-            if seq != 2**64 - 1:  # AccumulateGrad nodes share one number; look them up each time
-                self._backward_by_seq[seq] = acc
+            acc = self._backward_by_boundary[boundary] = self.frame(
+                self.tracker.stack_of_node(node), BACKWARD
+            )
+        self._backward_by_seq[seq] = acc
         return acc
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
-        out = func(*args, **kwargs)
-        resolved = self.resolved.get(func) or self._resolve(func)
+        # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
+        # case) and keep only ints.
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        key = id(func)
+        resolved = self.resolved.get(key)
+        if resolved is None:
+            resolved = self._resolve(func)
         node = _current_node()
-        acc = self.forward_acc if node is None else self._backward_acc(node)
-        rec = acc.get(func)
+        if node is None:
+            acc = self.forward_acc
+        else:
+            acc = self._backward_by_seq.get(node._sequence_nr())
+            if acc is None:
+                acc = self._backward_acc(node)
+        rec = acc.get(key)
         if rec is None:
-            rec = acc[func] = [0, 0, 0, 0, 0]
+            rec = acc[key] = [0, 0, 0, 0, 0]
         rec[0] += 1
         kind = resolved.kind
         if kind == VIEW:
             return out
         if kind != WRITE:
-            if resolved.write_only:
-                rec[3] += _bytes(args) + _bytes(
-                    v for k, v in kwargs.items() if k not in resolved.write_only
-                )
-            else:
-                rec[3] += _bytes(args) + (_bytes(kwargs.values()) if kwargs else 0)
-        rec[4] += _bytes((out,))
+            read = 0
+            for a in args:
+                if isinstance(a, Tensor):
+                    read += a.nbytes if a.is_contiguous() else real_bytes(a)
+                elif a.__class__ is list or a.__class__ is tuple:
+                    read += _bytes(a)
+            if kwargs:
+                write_only = resolved.write_only
+                read += _bytes([v for k, v in kwargs.items() if k not in write_only])
+            rec[3] += read
+        if isinstance(out, Tensor):
+            rec[4] += out.nbytes if out.is_contiguous() else real_bytes(out)
+        elif out.__class__ is list or out.__class__ is tuple:
+            rec[4] += _bytes(out)
         if kind == FORMULA:
             cost = resolved.formula(
-                *[_shape(a) for a in args],
-                out_shape=_shape(out),
-                **{k: _shape(v) for k, v in kwargs.items()},
+                *[a.shape if isinstance(a, Tensor) else _shape(a) for a in args],
+                out_shape=out.shape if isinstance(out, Tensor) else _shape(out),
+                **({k: _shape(v) for k, v in kwargs.items()} if kwargs else {}),
             )
             rec[1] += cost.flops
             rec[2] += cost.macs

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from functools import partial
 from typing import Callable, Optional
 
 import torch
 from torch import nn
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 
 from ._results import ROOT
 
-_ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
+ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 
 
 def static_prefixes(name: str) -> list[str]:
@@ -32,7 +35,11 @@ def static_prefixes(name: str) -> list[str]:
 
 
 class ModuleTracker:
-    """Maintains the running module stack of ``model`` through hooks it removes on detach."""
+    """Maintains the running module stack of ``model`` through hooks it removes on detach.
+
+    >>> tracker = ModuleTracker(model, on_change=print)
+    >>> tracker.attach(); model(x); tracker.detach()
+    """
 
     def __init__(self, model: Optional[nn.Module], on_change: Callable[[tuple], None]):
         self.model = model
@@ -42,22 +49,22 @@ class ModuleTracker:
         self._seqs: list[int] = []
         self._stacks: list[tuple] = []
         self._handles: list = []
-        self._param_owner: dict[int, str] = {}
+        self._param_owner: Optional[dict[int, str]] = None
+        self._name_of: dict[int, str] = {}
         self.names: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
     def attach(self) -> None:
+        """Two global module hooks, filtered to the model's modules by identity: one pair of
+        registrations however large the model is."""
         if self.model is None:
             return
+        for name, module in self.model.named_modules():
+            self.names.append(name)
+            self._name_of[id(module)] = name
+        self._handles.append(register_module_forward_pre_hook(self._push))
         try:
-            for name, module in self.model.named_modules():
-                self.names.append(name)
-                for _, p in module.named_parameters(recurse=False):
-                    self._param_owner.setdefault(id(p), name)
-                self._handles.append(module.register_forward_pre_hook(partial(self._push, name)))
-                self._handles.append(
-                    module.register_forward_hook(partial(self._pop, name), always_call=True)
-                )
+            self._handles.append(register_module_forward_hook(self._pop, always_call=True))
         except BaseException:
             self.detach()
             raise
@@ -74,13 +81,17 @@ class ModuleTracker:
         self._stacks.append(stack)
         self.on_change(stack)
 
-    def _push(self, name: str, module, args) -> None:
+    def _push(self, module, args) -> None:
+        name = self._name_of.get(id(module))
+        if name is None:  # not one of the model's modules: ops stay with the enclosing one
+            return
         self.calls[name] += 1
         if name != ROOT:
             self._set(self.stack + (name,))
 
-    def _pop(self, name: str, module, args, output) -> None:
-        if name == ROOT:
+    def _pop(self, module, args, output) -> None:
+        name = self._name_of.get(id(module))
+        if name is None or name == ROOT:
             return
         stack = self.stack
         if stack[-1] != name and name in stack:
@@ -93,7 +104,11 @@ class ModuleTracker:
     def stack_of_node(self, node) -> tuple:
         """The module stack under which an autograd node was created in forward."""
         seq = node._sequence_nr()
-        if seq == _ACCUMULATE_GRAD_SEQ:
+        if seq == ACCUMULATE_GRAD_SEQ:
+            if self._param_owner is None:  # first gradient accumulation: build the map once
+                self._param_owner = {}
+                for name, p in self.model.named_parameters() if self.model is not None else ():
+                    self._param_owner.setdefault(id(p), name.rpartition(".")[0])
             owner = self._param_owner.get(id(getattr(node, "variable", None)))
             if owner is None:
                 return (ROOT,)
@@ -101,6 +116,11 @@ class ModuleTracker:
             return (ROOT, *chain)
         i = bisect.bisect_right(self._seqs, seq) - 1
         return self._stacks[i] if i >= 0 else (ROOT,)
+
+    def boundary_of_node(self, node) -> int:
+        """Index of the stack change a (non-AccumulateGrad) node was created after; -1: none.
+        Many nodes share one, so callers cache per index."""
+        return bisect.bisect_right(self._seqs, node._sequence_nr()) - 1
 
     def credited(self, stack: tuple) -> set[str]:
         """Modules whose inclusive totals an op run under ``stack`` counts toward: every running

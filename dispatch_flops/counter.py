@@ -72,7 +72,7 @@ class FlopCounter:
         self._tracker: Optional[ModuleTracker] = None
         self._active = False
         self._records: Optional[list[OpRecord]] = None
-        self._params: dict[str, int] = {}
+        self._params: Optional[dict[str, int]] = None
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "FlopCounter":
@@ -82,7 +82,6 @@ class FlopCounter:
         tracker = ModuleTracker(self.model, lambda stack: mode_box[0].on_stack_change(stack))
         mode = CountingMode(self.registry, tracker, self.attention == "causal")
         mode_box.append(mode)
-        self._params = self._count_params()
         tracker.attach()
         try:
             mode.__enter__()
@@ -100,13 +99,14 @@ class FlopCounter:
             self._active = False
             self._records = None
 
-    def _count_params(self) -> dict[str, int]:
-        if self.model is None:
-            return {}
-        return {
-            name: sum(p.numel() for p in module.parameters())
-            for name, module in self.model.named_modules()
-        }
+    def _param_counts(self) -> dict[str, int]:
+        # read at report time, not on entry: counting is what must stay cheap
+        if self._params is None:
+            self._params = {} if self.model is None else {
+                name: sum(p.numel() for p in module.parameters())
+                for name, module in self.model.named_modules()
+            }
+        return self._params
 
     # -- raw records ----------------------------------------------------------------------
     def records(self) -> list[OpRecord]:
@@ -117,7 +117,8 @@ class FlopCounter:
             return list(self._records)
         records = []
         for (stack, phase), acc in list(self._mode.frames.items()):
-            for func, (calls, flops, macs, read, written) in list(acc.items()):
+            for key, (calls, flops, macs, read, written) in list(acc.items()):
+                func = self._mode.op(key)
                 records.append(
                     OpRecord(
                         module=stack[-1],
@@ -181,7 +182,7 @@ class FlopCounter:
             name: ModuleStats(
                 name=name,
                 calls=calls.get(name, 0),
-                params=self._params.get(name, 0),
+                params=self._param_counts().get(name, 0),
                 inclusive=inclusive.get(name, Stats()),
                 exclusive=exclusive.get(name, Stats()),
                 by_operator=frozen_mapping(operators.get(name, {})),

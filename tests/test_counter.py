@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 from torch import nn
+from torch.nn.modules import module as module_globals
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from dispatch_flops import ROOT, Cost, FlopCounter, Stats, has_formula, register_formula
@@ -282,12 +283,16 @@ def test_outputs_bit_identical_and_nothing_left_behind():
     ref_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     hooks_before = [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()]
+    global_before = (len(module_globals._global_forward_pre_hooks),
+                     len(module_globals._global_forward_hooks))
     with FlopCounter(model) as fc:
         out = model(idx)
         out.sum().backward()
     assert torch.equal(out, ref)
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), ref_grads))
     assert [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()] == hooks_before
+    assert (len(module_globals._global_forward_pre_hooks),
+            len(module_globals._global_forward_hooks)) == global_before
     assert not model.training
     assert not any(isinstance(m, TorchDispatchMode) for m in _get_current_dispatch_mode_stack())
     assert fc.total.flops > 0
@@ -310,6 +315,8 @@ def test_exception_inside_block_cleans_up():
         with FlopCounter(model):
             model(torch.randn(1, 2))
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    assert not module_globals._global_forward_pre_hooks
+    assert not module_globals._global_forward_hooks
     assert _get_current_dispatch_mode_stack() == []
 
 
