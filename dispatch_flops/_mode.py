@@ -101,6 +101,7 @@ class CountingMode(TorchDispatchMode):
         self.resolved = _resolutions(registry, causal_unmasked_only)
         self._backward_by_seq: dict[int, dict] = {}
         self._backward_by_boundary: dict[int, dict] = {}
+        self._backward_by_param: dict[int, dict] = {}
         self.forward_acc = self.frame(tracker.stack, FORWARD)
 
     def frame(self, stack: tuple, phase: str) -> dict:
@@ -141,8 +142,14 @@ class CountingMode(TorchDispatchMode):
 
     def _backward_acc(self, node) -> dict:
         seq = node._sequence_nr()
-        if seq == _ACCUMULATE_GRAD_SEQ:  # these share one number: look each one up
-            return self.frame(self.tracker.stack_of_node(node), BACKWARD)
+        if seq == _ACCUMULATE_GRAD_SEQ:  # these share one number: key them by parameter
+            param = id(getattr(node, "variable", None))
+            acc = self._backward_by_param.get(param)
+            if acc is None:
+                acc = self._backward_by_param[param] = self.frame(
+                    self.tracker.stack_of_node(node), BACKWARD
+                )
+            return acc
         boundary = self.tracker.boundary_of_node(node)
         acc = self._backward_by_boundary.get(boundary)
         if acc is None:
