@@ -6,8 +6,9 @@ OpOverload once, and leaves all aggregation to report time.
 
 from __future__ import annotations
 
-from functools import partial
 import inspect
+from bisect import bisect_right
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -99,7 +100,7 @@ class CountingMode(TorchDispatchMode):
         self.causal_unmasked_only = causal_unmasked_only
         self.frames: dict[tuple, dict] = {}
         self.resolved = _resolutions(registry, causal_unmasked_only)
-        self._backward_by_seq: dict[int, dict] = {}
+        self._boundary_seqs = tracker.boundary_seqs  # the tracker appends; we only bisect
         self._backward_by_boundary: dict[int, dict] = {}
         self._backward_by_param: dict[int, dict] = {}
         self.forward_acc = self.frame(tracker.stack, FORWARD)
@@ -140,9 +141,10 @@ class CountingMode(TorchDispatchMode):
         resolved = self.resolved[id(func)] = _Resolved(func, kind, formula, write_only)
         return resolved
 
-    def _backward_acc(self, node) -> dict:
-        seq = node._sequence_nr()
-        if seq == _ACCUMULATE_GRAD_SEQ:  # these share one number: key them by parameter
+    def _backward_acc(self, node, seq: int) -> dict:
+        """The backward frame of a node: by module boundary, or by parameter for the
+        AccumulateGrad nodes (they all carry the same sequence number)."""
+        if seq == _ACCUMULATE_GRAD_SEQ:
             param = id(getattr(node, "variable", None))
             acc = self._backward_by_param.get(param)
             if acc is None:
@@ -150,13 +152,10 @@ class CountingMode(TorchDispatchMode):
                     self.tracker.stack_of_node(node), BACKWARD
                 )
             return acc
-        boundary = self.tracker.boundary_of_node(node)
-        acc = self._backward_by_boundary.get(boundary)
-        if acc is None:
-            acc = self._backward_by_boundary[boundary] = self.frame(
-                self.tracker.stack_of_node(node), BACKWARD
-            )
-        self._backward_by_seq[seq] = acc
+        boundary = bisect_right(self._boundary_seqs, seq)
+        acc = self._backward_by_boundary[boundary] = self.frame(
+            self.tracker.stack_of_node(node), BACKWARD
+        )
         return acc
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -171,9 +170,11 @@ class CountingMode(TorchDispatchMode):
         if node is None:
             acc = self.forward_acc
         else:
-            acc = self._backward_by_seq.get(node._sequence_nr())
-            if acc is None:
-                acc = self._backward_acc(node)
+            # nodes made between the same two module boundaries share a frame: one bisect
+            seq = node._sequence_nr()
+            acc = self._backward_by_boundary.get(bisect_right(self._boundary_seqs, seq))
+            if acc is None or seq == _ACCUMULATE_GRAD_SEQ:
+                acc = self._backward_acc(node, seq)
         rec = acc.get(key)
         if rec is None:
             rec = acc[key] = [0, 0, 0, 0, 0]
@@ -197,11 +198,14 @@ class CountingMode(TorchDispatchMode):
         elif out.__class__ is list or out.__class__ is tuple:
             rec[4] += _bytes(out)
         if kind == FORMULA:
-            cost = resolved.formula(
-                *[a.shape if isinstance(a, Tensor) else _shape(a) for a in args],
-                out_shape=out.shape if isinstance(out, Tensor) else _shape(out),
-                **({k: _shape(v) for k, v in kwargs.items()} if kwargs else {}),
-            )
+            shapes = [a.shape if isinstance(a, Tensor) else _shape(a) for a in args]
+            out_shape = out.shape if isinstance(out, Tensor) else _shape(out)
+            if kwargs:
+                cost = resolved.formula(
+                    *shapes, out_shape=out_shape, **{k: _shape(v) for k, v in kwargs.items()}
+                )
+            else:
+                cost = resolved.formula(*shapes, out_shape=out_shape)
             rec[1] += cost.flops
             rec[2] += cost.macs
         return out

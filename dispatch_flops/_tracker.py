@@ -46,7 +46,7 @@ class ModuleTracker:
         self.on_change = on_change
         self.stack: tuple = (ROOT,)
         self.calls: Counter = Counter()
-        self._seqs: list[int] = []
+        self.boundary_seqs: list[int] = []
         self._stacks: list[tuple] = []
         self._handles: list = []
         self._param_owner: Optional[dict[int, str]] = None
@@ -77,7 +77,7 @@ class ModuleTracker:
     # -- hooks ------------------------------------------------------------------------------
     def _set(self, stack: tuple) -> None:
         self.stack = stack
-        self._seqs.append(torch.autograd._get_sequence_nr())
+        self.boundary_seqs.append(torch.autograd._get_sequence_nr())
         self._stacks.append(stack)
         self.on_change(stack)
 
@@ -114,13 +114,9 @@ class ModuleTracker:
                 return (ROOT,)
             chain = [p for p in static_prefixes(owner)[:-1] if self.calls[p]] + [owner]
             return (ROOT, *chain)
-        i = bisect.bisect_right(self._seqs, seq) - 1
+        i = bisect.bisect_right(self.boundary_seqs, seq) - 1
         return self._stacks[i] if i >= 0 else (ROOT,)
 
-    def boundary_of_node(self, node) -> int:
-        """Index of the stack change a (non-AccumulateGrad) node was created after; -1: none.
-        Many nodes share one, so callers cache per index."""
-        return bisect.bisect_right(self._seqs, node._sequence_nr()) - 1
 
     def credited(self, stack: tuple) -> set[str]:
         """Modules whose inclusive totals an op run under ``stack`` counts toward: every running

@@ -55,15 +55,17 @@ def attention_backward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
     return Cost(2 * macs + pairs * per_pair, macs)
 
 
-def _heads_first(shape):
-    # [b, s, h, d] -> [b, h, s, d] for the _flash/_efficient_attention_* kernels
-    return (shape[0], shape[2], shape[1], shape[3])
+def _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k):
+    """q, k, v of the _flash/_efficient_attention_* kernels, as [b, h, s, d].
 
-
-def _packed_to_batched(shape, max_len: int, cum_seq):
-    # varlen layout [total, h, d] priced as len(cum_seq)-1 sequences of max_len (an upper
-    # bound: the true lengths are tensor values, which formulas never see)
-    return (cum_seq[0] - 1, shape[1], max_len, shape[2])
+    Dense inputs are [b, s, h, d]. Packed (varlen) inputs are [total, h, d] (the efficient
+    kernel adds a leading 1) and are priced as len(cum_seq) - 1 sequences of the max length:
+    an upper bound, since the true lengths are tensor values, which formulas never see."""
+    if cum_seq_q is None:
+        return tuple((t[0], t[2], t[1], t[3]) for t in (q, k, v))
+    q, k, v = (t[1:] if len(t) == 4 else t for t in (q, k, v))
+    return ((cum_seq_q[0] - 1, q[1], max_q, q[2]), (cum_seq_k[0] - 1, k[1], max_k, k[2]),
+            (cum_seq_k[0] - 1, v[1], max_k, v[2]))
 
 
 # ---- forward -------------------------------------------------------------------------------
@@ -104,11 +106,7 @@ def sdpa_generic(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args,
 @register_formula(aten._flash_attention_forward)
 def flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                             *args, out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    if cum_seq_q is not None:
-        q, k, v = (_packed_to_batched(q, max_q, cum_seq_q), _packed_to_batched(k, max_k, cum_seq_k),
-                   _packed_to_batched(v, max_k, cum_seq_k))
-    else:
-        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    q, k, v = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
     return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only, masked=False)
 
 
@@ -116,12 +114,7 @@ def flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout
 def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, dropout_p, custom_mask_type, *args, out_shape,
                                 causal_unmasked_only=False, **kw) -> Cost:
-    if cu_seqlens_q is not None:
-        q, k, v = (_packed_to_batched(q[1:], max_seqlen_q, cu_seqlens_q),
-                   _packed_to_batched(k[1:], max_seqlen_k, cu_seqlens_k),
-                   _packed_to_batched(v[1:], max_seqlen_k, cu_seqlens_k))
-    else:
-        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    q, k, v = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     causal = custom_mask_type != 0 and causal_unmasked_only
     return attention_forward_cost(q, k, v, causal=causal, masked=bias is not None)
 
@@ -173,11 +166,7 @@ def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, ou
 def flash_attention_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
                              max_k, dropout_p, is_causal, *args, out_shape,
                              causal_unmasked_only=False, **kw) -> Cost:
-    if cum_seq_q is not None:
-        q, k, v = (_packed_to_batched(q, max_q, cum_seq_q), _packed_to_batched(k, max_k, cum_seq_k),
-                   _packed_to_batched(v, max_k, cum_seq_k))
-    else:
-        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    q, k, v = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
     return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
                                    masked=False)
 
@@ -187,11 +176,6 @@ def efficient_attention_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_
                                  max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed,
                                  philox_offset, custom_mask_type, *args, out_shape,
                                  causal_unmasked_only=False, **kw) -> Cost:
-    if cu_seqlens_q is not None:
-        q, k, v = (_packed_to_batched(q[1:], max_seqlen_q, cu_seqlens_q),
-                   _packed_to_batched(k[1:], max_seqlen_k, cu_seqlens_k),
-                   _packed_to_batched(v[1:], max_seqlen_k, cu_seqlens_k))
-    else:
-        q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    q, k, v = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     causal = custom_mask_type != 0 and causal_unmasked_only
     return attention_backward_cost(q, k, v, causal=causal, masked=bias is not None)
