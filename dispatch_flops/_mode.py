@@ -72,18 +72,11 @@ class _Resolved:
         self.write_only = write_only
 
 
-# Resolutions shared by every counter on the same registry and options; dropped whenever the
-# registry changes, so a newly registered formula is seen by the next counter.
-_RESOLUTIONS: dict[tuple, tuple[int, dict]] = {}
-
-
 def _resolutions(registry: Registry, causal_unmasked_only: bool) -> dict:
-    key = (id(registry), causal_unmasked_only)
-    version, table = _RESOLUTIONS.get(key, (None, None))
-    if version != registry.version:
-        table = {}
-        _RESOLUTIONS[key] = (registry.version, table)
-    return table
+    """Resolutions shared by every counter on the same registry and options. They live in
+    the registry's own cache, which it empties on any change, so a newly registered formula
+    is seen by the next counter."""
+    return registry.lookup_cache.setdefault(("resolved", causal_unmasked_only), {})
 
 
 class CountingMode(TorchDispatchMode):

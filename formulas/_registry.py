@@ -95,12 +95,8 @@ class Registry:
     def __init__(self) -> None:
         self._packets: dict[OpOverloadPacket, Entry] = {}
         self._overloads: dict[OpOverload, Entry] = {}
-        self._version = 0
-
-    @property
-    def version(self) -> int:
-        """Bumped on every change, so that callers may cache lookups."""
-        return self._version
+        # for callers that cache what they derive from lookups; emptied on every change
+        self.lookup_cache: dict = {}
 
     @staticmethod
     def _normalise(ops) -> list:
@@ -115,7 +111,7 @@ class Registry:
                     f"{op} is already registered; pass override=True to replace its formula"
                 )
             table[op] = entry
-        self._version += 1
+        self.lookup_cache.clear()
 
     def formula(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
         """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula."""

@@ -379,3 +379,16 @@ def test_table_and_dict_agree_with_results():
     assert data["total"]["macs"] == fc.total.macs
     assert data["by_module"]["blocks.0"]["inclusive"]["flops"] == fc.by_module()["blocks.0"].flops
     assert sum(r["stats"]["flops"] for r in data["records"]) == fc.total.flops
+
+
+def test_formula_registered_later_is_seen_by_next_counter():
+    """Resolutions are cached across counters, but a registration empties that cache."""
+    reg = Registry()
+    x = torch.randn(3)
+    with FlopCounter(registry=reg) as before:
+        x.sin()
+    assert before.unsupported_ops() == {"aten.sin": 1}
+    reg.formula(torch.ops.aten.sin)(lambda x, *, out_shape: Cost(4 * x[0]))
+    with FlopCounter(registry=reg) as after:
+        x.sin()
+    assert after.unsupported_ops() == {} and after.total.flops == 12
