@@ -14,9 +14,8 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dispatch_flops.formulas import Category, Movement, Registry
+from dispatch_flops.formulas import Category, Cost, Movement, Registry
 
-from ._results import BACKWARD, FORWARD
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 
 _current_node = torch._C._current_autograd_node
@@ -28,11 +27,11 @@ _MOVEMENT_KIND = {Movement.NONE: VIEW, Movement.COPY: COPY, Movement.WRITE: WRIT
 
 def real_bytes(t: Tensor) -> int:
     """Bytes a tensor really occupies: an expanded (stride-0) dim holds one element."""
-    if t.is_contiguous():
-        return t.nbytes
     try:
         strides = t.stride()
     except RuntimeError:  # sparse / nested layouts have no strides
+        return t.nbytes
+    if 0 not in strides:  # transposed or sliced: every element is real
         return t.nbytes
     n = 1
     for size, stride in zip(t.shape, strides):
@@ -54,22 +53,52 @@ def _bytes(values) -> int:
     return total
 
 
-def _shape(v):
+def _key(v):
+    """A hashable stand-in for one argument as a formula sees it: a tensor becomes its shape,
+    a list or tuple a tuple (of shapes, for tensors). Never holds a tensor."""
     if isinstance(v, Tensor):
         return v.shape
-    if v.__class__ in (list, tuple):
+    if v.__class__ is list or v.__class__ is tuple:
+        return tuple([x.shape if isinstance(x, Tensor) else x for x in v])
+    return v
+
+
+def _shape(v):
+    """One argument as a formula sees it: tensors as shapes, lists as lists."""
+    if isinstance(v, Tensor):
+        return v.shape
+    if v.__class__ is list or v.__class__ is tuple:
         return [x.shape if isinstance(x, Tensor) else x for x in v]
     return v
 
 
-class _Resolved:
-    __slots__ = ("func", "kind", "formula", "write_only")
+def formula_call(args, kwargs, out) -> tuple:
+    """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``)."""
+    return (
+        [_shape(a) for a in args],
+        _shape(out),
+        {k: _shape(v) for k, v in kwargs.items()} if kwargs else {},
+    )
 
-    def __init__(self, func, kind, formula, write_only):
+
+# A signature's formula arguments, shared by every counter: models repeat shapes across layers
+# and steps, so a signature is turned into formula arguments once. Pure data (shapes, ints),
+# never a tensor; emptied when it grows past the cap rather than grown without bound.
+_FORMULA_CALLS: dict[tuple, tuple] = {}
+_FORMULA_CALLS_CAP = 100_000
+
+
+class _Resolved:
+    __slots__ = ("func", "kind", "formula", "write_only", "out_in_signature")
+
+    def __init__(self, func, kind, formula, write_only, out_in_signature):
         self.func = func
         self.kind = kind
         self.formula = formula
         self.write_only = write_only
+        # the output's shape is not a function of the inputs' (nonzero, masked_select), or
+        # the op is the user's and we cannot know: then it is part of the signature
+        self.out_in_signature = out_in_signature
 
 
 def _resolutions(registry: Registry, causal_unmasked_only: bool) -> dict:
@@ -80,33 +109,47 @@ def _resolutions(registry: Registry, causal_unmasked_only: bool) -> dict:
 
 
 class CountingMode(TorchDispatchMode):
-    """Counts every op into ``frames[(stack, phase)][id(overload)] = [calls, flops, macs, read,
-    written]``. ``tracker`` supplies the module stack; see ``_tracker``.
+    """Counts every op into the accumulators of the tracker's frames:
+    ``frame.<phase>[id(overload)] = [calls, flops, macs, read, written]``. ``tracker`` keeps
+    ``forward_acc`` pointed at the running frame's forward accumulator; see ``_tracker``.
 
     Dicts on the hot path are keyed by ``id(func)``: ``OpOverload.__hash__`` is a Python-level
     call, and overloads are long-lived singletons (``resolved[id].func`` keeps each alive)."""
 
-    def __init__(self, registry: Registry, tracker, causal_unmasked_only: bool):
+    def __init__(self, registry: Registry, causal_unmasked_only: bool):
         super().__init__()
         self.registry = registry
-        self.tracker = tracker
         self.causal_unmasked_only = causal_unmasked_only
-        self.frames: dict[tuple, dict] = {}
         self.resolved = _resolutions(registry, causal_unmasked_only)
+        self.forward_acc: dict = {}
+        self.tracker = None
+        self.calls: dict[tuple, tuple] = {}  # this counter's signatures: what it will price
+
+    def bind(self, tracker) -> None:
+        """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
+        self.tracker = tracker
         self._boundary_seqs = tracker.boundary_seqs  # the tracker appends; we only bisect
-        self._backward_by_boundary: dict[int, dict] = {}
-        self._backward_by_param: dict[int, dict] = {}
-        self.forward_acc = self.frame(tracker.stack, FORWARD)
+        self._boundary_frames = tracker.boundary_frames
+        self._last_seq = -1
+        self._last_acc: dict = {}
 
-    def frame(self, stack: tuple, phase: str) -> dict:
-        key = (stack, phase)
-        acc = self.frames.get(key)
-        if acc is None:
-            acc = self.frames[key] = {}
-        return acc
+    def cost(self, sig: tuple) -> Cost:
+        """The formula's ``Cost`` for one call of signature ``sig`` (see the hot path)."""
+        return self._price(sig[0], self.calls[sig])
 
-    def on_stack_change(self, stack: tuple) -> None:
-        self.forward_acc = self.frame(stack, FORWARD)
+    def _price(self, key: int, call: tuple) -> Cost:
+        # call: (args, out_shape, kwargs) as the formula contract has them (see formula_call)
+        args, out_shape, kwargs = call
+        return self.resolved[key].formula(*args, out_shape=out_shape, **kwargs)
+
+    @staticmethod
+    def _formula_call(sig: tuple, args, kwargs, out) -> tuple:
+        call = _FORMULA_CALLS.get(sig)
+        if call is None:
+            if len(_FORMULA_CALLS) >= _FORMULA_CALLS_CAP:
+                _FORMULA_CALLS.clear()  # open counters keep their own (``self.calls``)
+            call = _FORMULA_CALLS[sig] = formula_call(args, kwargs, out)
+        return call
 
     def category(self, func) -> Category:
         return self.registry.lookup(func).category
@@ -131,25 +174,13 @@ class CountingMode(TorchDispatchMode):
             for a in func._schema.arguments
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
         )
-        resolved = self.resolved[id(func)] = _Resolved(func, kind, formula, write_only)
-        return resolved
-
-    def _backward_acc(self, node, seq: int) -> dict:
-        """The backward frame of a node: by module boundary, or by parameter for the
-        AccumulateGrad nodes (they all carry the same sequence number)."""
-        if seq == _ACCUMULATE_GRAD_SEQ:
-            param = id(getattr(node, "variable", None))
-            acc = self._backward_by_param.get(param)
-            if acc is None:
-                acc = self._backward_by_param[param] = self.frame(
-                    self.tracker.stack_of_node(node), BACKWARD
-                )
-            return acc
-        boundary = bisect_right(self._boundary_seqs, seq)
-        acc = self._backward_by_boundary[boundary] = self.frame(
-            self.tracker.stack_of_node(node), BACKWARD
+        out_in_signature = (
+            torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
-        return acc
+        resolved = self.resolved[id(func)] = _Resolved(
+            func, kind, formula, write_only, out_in_signature
+        )
+        return resolved
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
@@ -159,46 +190,79 @@ class CountingMode(TorchDispatchMode):
         resolved = self.resolved.get(key)
         if resolved is None:
             resolved = self._resolve(func)
+        kind = resolved.kind
         node = _current_node()
         if node is None:
             acc = self.forward_acc
         else:
-            # nodes made between the same two module boundaries share a frame: one bisect
+            # the frame entered last before the node was created; AccumulateGrad nodes all
+            # carry the same sequence number and go to their parameter's module instead
             seq = node._sequence_nr()
-            acc = self._backward_by_boundary.get(bisect_right(self._boundary_seqs, seq))
-            if acc is None or seq == _ACCUMULATE_GRAD_SEQ:
-                acc = self._backward_acc(node, seq)
-        rec = acc.get(key)
-        if rec is None:
-            rec = acc[key] = [0, 0, 0, 0, 0]
-        rec[0] += 1
-        kind = resolved.kind
-        if kind == VIEW:
-            return out
-        if kind != WRITE:
+            if seq == self._last_seq:  # a node runs several ops in a row
+                acc = self._last_acc
+            elif seq == _ACCUMULATE_GRAD_SEQ:
+                acc = self.tracker.frame_of_accumulation(node).backward
+            else:
+                acc = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1].backward
+                self._last_seq = seq
+                self._last_acc = acc
+        if kind == FORMULA:
+            # Formulas are pure functions of shapes: count calls per signature (the op and its
+            # arguments as shapes) and price each distinct signature once, when results are
+            # read. One pass over the arguments builds the signature and sums the bytes read.
+            sig = [key]
             read = 0
             for a in args:
                 if isinstance(a, Tensor):
+                    sig.append(a.shape)
                     read += a.nbytes if a.is_contiguous() else real_bytes(a)
                 elif a.__class__ is list or a.__class__ is tuple:
+                    sig.append(_key(a))
                     read += _bytes(a)
+                else:
+                    sig.append(a)
             if kwargs:
+                sig.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
                 write_only = resolved.write_only
                 read += _bytes([v for k, v in kwargs.items() if k not in write_only])
+            if resolved.out_in_signature:
+                sig.append(_key(out))
+            sig = tuple(sig)
+            try:
+                rec = acc.get(sig)
+                if rec is None:
+                    rec = acc[sig] = [0, 0, 0, 0, 0]
+                    if sig not in self.calls:
+                        self.calls[sig] = self._formula_call(sig, args, kwargs, out)
+            except TypeError:  # unhashable (symbolic) sizes: price now, under the op key
+                rec = acc.get(key)
+                if rec is None:
+                    rec = acc[key] = [0, 0, 0, 0, 0]
+                cost = self._price(key, formula_call(args, kwargs, out))
+                rec[1] += cost.flops
+                rec[2] += cost.macs
+            rec[0] += 1
             rec[3] += read
+        else:
+            rec = acc.get(key)
+            if rec is None:
+                rec = acc[key] = [0, 0, 0, 0, 0]
+            rec[0] += 1
+            if kind == VIEW:
+                return out
+            if kind != WRITE:
+                read = 0
+                for a in args:
+                    if isinstance(a, Tensor):
+                        read += a.nbytes if a.is_contiguous() else real_bytes(a)
+                    elif a.__class__ is list or a.__class__ is tuple:
+                        read += _bytes(a)
+                if kwargs:
+                    write_only = resolved.write_only
+                    read += _bytes([v for k, v in kwargs.items() if k not in write_only])
+                rec[3] += read
         if isinstance(out, Tensor):
             rec[4] += out.nbytes if out.is_contiguous() else real_bytes(out)
         elif out.__class__ is list or out.__class__ is tuple:
             rec[4] += _bytes(out)
-        if kind == FORMULA:
-            shapes = [a.shape if isinstance(a, Tensor) else _shape(a) for a in args]
-            out_shape = out.shape if isinstance(out, Tensor) else _shape(out)
-            if kwargs:
-                cost = resolved.formula(
-                    *shapes, out_shape=out_shape, **{k: _shape(v) for k, v in kwargs.items()}
-                )
-            else:
-                cost = resolved.formula(*shapes, out_shape=out_shape)
-            rec[1] += cost.flops
-            rec[2] += cost.macs
         return out

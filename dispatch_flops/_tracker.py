@@ -1,18 +1,18 @@
 """Module tracker: which modules are running, for forward ops and for the backward ops
 their autograd nodes run later.
 
-Forward pre/post hooks keep a stack of module names. At every push and pop the tracker notes
-the autograd sequence number (``torch.autograd._get_sequence_nr()``): a node created while
-the counter reads ``s`` was created under the stack noted last at or before ``s``. In backward,
+Each distinct running stack of modules is one interned ``Frame``; a frame holds the per-op
+accumulators of the ops run under it, one per phase. A forward pre/post hook pair moves the
+tracker between frames (one dict lookup, no tuple building) and notes the autograd sequence
+number (``torch.autograd._get_sequence_nr()``) at every move: a node created while the counter
+reads ``s`` was created under the frame entered last at or before ``s``. In backward,
 ``torch._C._current_autograd_node()`` names the running node, so its ops go to the module
 whose forward created it, whether or not that module's inputs required grad.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -21,9 +21,32 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
-from ._results import ROOT
+from ._results import BACKWARD, FORWARD, ROOT
 
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
+_sequence_nr = torch.autograd._get_sequence_nr
+
+
+def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
+    """``{id(module): name}`` and the modules, in ``model.named_modules()`` order with its
+    names and de-duplication, walked without recursive generators: it runs on every
+    counter's entry."""
+    name_of: dict[int, str] = {}
+    modules: list[nn.Module] = []
+    todo = [(ROOT, model)]
+    while todo:
+        name, module = todo.pop()
+        if id(module) in name_of:
+            continue
+        name_of[id(module)] = name
+        modules.append(module)
+        children = module._modules
+        if children:
+            prefix = name + "." if name else ""
+            for key, child in reversed(list(children.items())):
+                if child is not None:
+                    todo.append((prefix + key, child))
+    return name_of, modules
 
 
 def static_prefixes(name: str) -> list[str]:
@@ -34,24 +57,59 @@ def static_prefixes(name: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-class ModuleTracker:
-    """Maintains the running module stack of ``model`` through hooks it removes on detach.
+class Frame:
+    """One running stack of modules, root first, with the ops counted under it.
 
-    >>> tracker = ModuleTracker(model, on_change=print)
+    ``forward``/``backward`` map an op key to ``[calls, flops, macs, bytes_read,
+    bytes_written]``; the dispatch mode writes them, the report reads them."""
+
+    __slots__ = ("name", "parent", "stack", "children", "calls", "forward", "backward")
+
+    def __init__(self, name: str, parent: Optional["Frame"]):
+        self.name = name
+        self.parent = parent
+        self.stack: tuple = (name,) if parent is None else parent.stack + (name,)
+        self.children: dict[str, Frame] = {}
+        self.calls = 0  # forward calls of the module that entered this frame
+        self.forward: dict = {}
+        self.backward: dict = {}
+
+    def child(self, name: str) -> "Frame":
+        frame = self.children.get(name)
+        if frame is None:
+            frame = self.children[name] = Frame(name, self)
+        return frame
+
+    def accumulators(self):
+        """(phase, {op key: counts}) for every phase."""
+        return ((FORWARD, self.forward), (BACKWARD, self.backward))
+
+
+class ModuleTracker:
+    """Maintains the running frame of ``model`` through hooks it removes on detach, and tells
+    ``mode`` (through ``mode.forward_acc``) where forward ops go.
+
+    >>> tracker = ModuleTracker(model, mode)
     >>> tracker.attach(); model(x); tracker.detach()
     """
 
-    def __init__(self, model: Optional[nn.Module], on_change: Callable[[tuple], None]):
+    def __init__(self, model: Optional[nn.Module], mode):
         self.model = model
-        self.on_change = on_change
-        self.stack: tuple = (ROOT,)
-        self.calls: Counter = Counter()
-        self.boundary_seqs: list[int] = []
-        self._stacks: list[tuple] = []
-        self._handles: list = []
-        self._param_owner: Optional[dict[int, str]] = None
+        self.mode = mode
+        self.root = Frame(ROOT, None)
+        self.current = self.root
+        # frame entered at each module boundary, with the sequence number noted there; the
+        # sentinel makes ``frames[bisect_right(seqs, s) - 1]`` valid for any s
+        self.boundary_seqs: list[int] = [-1]
+        self.boundary_frames: list[Frame] = [self.root]
+        self.root_calls = 0
+        self._modules: list[nn.Module] = []
         self._name_of: dict[int, str] = {}
-        self.names: list[str] = []
+        self._param_owner: Optional[dict[int, str]] = None
+        self._accumulation_frames: dict[int, Frame] = {}
+        self._first_frames: dict[str, Frame] = {}  # each module's first frame
+        self._handles: list = []
+        mode.forward_acc = self.root.forward
 
     # -- lifecycle --------------------------------------------------------------------------
     def attach(self) -> None:
@@ -59,9 +117,7 @@ class ModuleTracker:
         registrations however large the model is."""
         if self.model is None:
             return
-        for name, module in self.model.named_modules():
-            self.names.append(name)
-            self._name_of[id(module)] = name
+        self._name_of, self._modules = walk_modules(self.model)
         self._handles.append(register_module_forward_pre_hook(self._push))
         try:
             self._handles.append(register_module_forward_hook(self._pop, always_call=True))
@@ -75,55 +131,94 @@ class ModuleTracker:
         self._handles.clear()
 
     # -- hooks ------------------------------------------------------------------------------
-    def _set(self, stack: tuple) -> None:
-        self.stack = stack
-        self.boundary_seqs.append(torch.autograd._get_sequence_nr())
-        self._stacks.append(stack)
-        self.on_change(stack)
+    def _enter(self, frame: Frame) -> None:
+        self.current = frame
+        self.mode.forward_acc = frame.forward
+        self.boundary_seqs.append(_sequence_nr())
+        self.boundary_frames.append(frame)
 
     def _push(self, module, args) -> None:
         name = self._name_of.get(id(module))
         if name is None:  # not one of the model's modules: ops stay with the enclosing one
             return
-        self.calls[name] += 1
-        if name != ROOT:
-            self._set(self.stack + (name,))
+        if name == ROOT:
+            self.root_calls += 1
+            return
+        frame = self.current.children.get(name)
+        if frame is None:
+            frame = self.current.child(name)
+            self._first_frames.setdefault(name, frame)
+        frame.calls += 1
+        self._enter(frame)
 
     def _pop(self, module, args, output) -> None:
         name = self._name_of.get(id(module))
         if name is None or name == ROOT:
             return
-        stack = self.stack
-        if stack[-1] != name and name in stack:
-            # an inner module left without its hook running (not expected with always_call)
-            stack = stack[: len(stack) - stack[::-1].index(name)]
-        if stack[-1] == name:
-            self._set(stack[:-1])
+        frame = self.current
+        while frame.name != name:  # an inner module left without its hook running
+            frame = frame.parent
+            if frame is None:
+                return
+        self._enter(frame.parent)
 
     # -- backward ---------------------------------------------------------------------------
-    def stack_of_node(self, node) -> tuple:
-        """The module stack under which an autograd node was created in forward."""
-        seq = node._sequence_nr()
-        if seq == ACCUMULATE_GRAD_SEQ:
+    def frame_of_accumulation(self, node) -> Frame:
+        """The frame of an AccumulateGrad node: the first frame its parameter's module ran in
+        (a module that never ran: its place under the modules that did)."""
+        key = id(getattr(node, "variable", None))
+        frame = self._accumulation_frames.get(key)
+        if frame is None:
             if self._param_owner is None:  # first gradient accumulation: build the map once
                 self._param_owner = {}
-                for name, p in self.model.named_parameters() if self.model is not None else ():
-                    self._param_owner.setdefault(id(p), name.rpartition(".")[0])
-            owner = self._param_owner.get(id(getattr(node, "variable", None)))
-            if owner is None:
-                return (ROOT,)
-            chain = [p for p in static_prefixes(owner)[:-1] if self.calls[p]] + [owner]
-            return (ROOT, *chain)
-        i = bisect.bisect_right(self.boundary_seqs, seq) - 1
-        return self._stacks[i] if i >= 0 else (ROOT,)
+                for name, module in zip(self._name_of.values(), self._modules):
+                    for p in module._parameters.values():
+                        if p is not None:
+                            self._param_owner.setdefault(id(p), name)
+            owner = self._param_owner.get(key)
+            frame = self.root if owner is None else self.frame_of_name(owner)
+            self._accumulation_frames[key] = frame
+        return frame
 
+    def frame_of_name(self, name: str) -> Frame:
+        """The first frame module ``name`` ran in; for a module that never ran, its place
+        under its called static ancestors."""
+        frame = self._first_frames.get(name)
+        if frame is None:
+            frame = self.root
+            for prefix in static_prefixes(name)[:-1]:
+                frame = self._first_frames.get(prefix, frame)
+            frame = frame.child(name)
+        return frame
 
-    def credited(self, stack: tuple) -> set[str]:
+    # -- report -----------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """The model's module names in ``named_modules()`` order (none without a model)."""
+        return list(self._name_of.values())
+
+    def frames(self) -> list[Frame]:
+        """Every frame, root first, parents before children."""
+        out, todo = [], [self.root]
+        while todo:
+            frame = todo.pop()
+            out.append(frame)
+            todo.extend(reversed(list(frame.children.values())))
+        return out
+
+    def call_counts(self) -> dict[str, int]:
+        """Forward calls of each module, over all the frames it ran in."""
+        counts: dict[str, int] = {ROOT: self.root_calls}
+        for frame in self.frames()[1:]:
+            counts[frame.name] = counts.get(frame.name, 0) + frame.calls
+        return counts
+
+    def credited(self, stack: tuple, calls: dict[str, int]) -> set[str]:
         """Modules whose inclusive totals an op run under ``stack`` counts toward: every running
         module once, plus static ancestors never called themselves (ModuleList, ModuleDict)."""
         names = set(stack)
         for name in stack:
             for prefix in static_prefixes(name)[:-1]:
-                if not self.calls[prefix]:
+                if not calls.get(prefix):
                     names.add(prefix)
         return names

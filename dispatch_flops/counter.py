@@ -78,10 +78,9 @@ class FlopCounter:
     def __enter__(self) -> "FlopCounter":
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
-        mode_box = []
-        tracker = ModuleTracker(self.model, lambda stack: mode_box[0].on_stack_change(stack))
-        mode = CountingMode(self.registry, tracker, self.attention == "causal")
-        mode_box.append(mode)
+        mode = CountingMode(self.registry, self.attention == "causal")
+        tracker = ModuleTracker(self.model, mode)
+        mode.bind(tracker)
         tracker.attach()
         try:
             mode.__enter__()
@@ -115,21 +114,37 @@ class FlopCounter:
             return []
         if self._records is not None:
             return list(self._records)
+        mode = self._mode
+        costs: dict[tuple, object] = {}  # one formula call per distinct signature
         records = []
-        for (stack, phase), acc in list(self._mode.frames.items()):
-            for key, (calls, flops, macs, read, written) in list(acc.items()):
-                func = self._mode.op(key)
-                records.append(
-                    OpRecord(
-                        module=stack[-1],
-                        stack=stack,
-                        phase=phase,
-                        operator=str(func.overloadpacket),
-                        overload=str(func),
-                        category=_CATEGORY_NAME[self._mode.category(func)],
-                        stats=Stats(calls, flops, macs, read, written),
+        for frame in self._tracker.frames():
+            for phase, acc in frame.accumulators():
+                by_op: dict[int, list] = {}
+                for key, (calls, flops, macs, read, written) in list(acc.items()):
+                    if key.__class__ is tuple:  # counted by signature, priced here
+                        cost = costs.get(key)
+                        if cost is None:
+                            cost = costs[key] = mode.cost(key)
+                        flops, macs, key = calls * cost.flops, calls * cost.macs, key[0]
+                    total = by_op.get(key)
+                    if total is None:
+                        by_op[key] = [calls, flops, macs, read, written]
+                    else:
+                        for i, value in enumerate((calls, flops, macs, read, written)):
+                            total[i] += value
+                for key, counts in by_op.items():
+                    func = mode.op(key)
+                    records.append(
+                        OpRecord(
+                            module=frame.name,
+                            stack=frame.stack,
+                            phase=phase,
+                            operator=str(func.overloadpacket),
+                            overload=str(func),
+                            category=_CATEGORY_NAME[mode.category(func)],
+                            stats=Stats(*counts),
+                        )
                     )
-                )
         if not self._active:
             self._records = records
         return list(records)
@@ -160,6 +175,7 @@ class FlopCounter:
         ``ROOT`` == "" is the root model, or everything when no model was given)."""
         _check_phase(phase)
         tracker = self._tracker
+        calls = tracker.call_counts() if tracker is not None else {}
         inclusive: dict[str, Stats] = defaultdict(Stats)
         exclusive: dict[str, Stats] = defaultdict(Stats)
         operators: dict[str, dict[str, Stats]] = defaultdict(lambda: defaultdict(Stats))
@@ -170,11 +186,10 @@ class FlopCounter:
             exclusive[r.module] = exclusive[r.module] + r.stats
             credited = credited_cache.get(r.stack)
             if credited is None:
-                credited = credited_cache[r.stack] = tracker.credited(r.stack)
+                credited = credited_cache[r.stack] = tracker.credited(r.stack, calls)
             for name in credited:
                 inclusive[name] = inclusive[name] + r.stats
                 operators[name][r.operator] = operators[name][r.operator] + r.stats
-        calls = tracker.calls if tracker is not None else {}
         names = set(inclusive) | {n for n, c in calls.items() if c}
         if self.model is None or tracker is None:
             names.add(ROOT)
