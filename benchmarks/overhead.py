@@ -4,7 +4,8 @@ One model (the tiny GPT demo, forward + backward: many small ops, so per-op over
 run eagerly and under each mode, interleaved round by round in this one process. Each round
 gives every variant's added time against the eager run of the same round (paired, so slow
 drifts of this shared machine cancel); the figures are medians over rounds.
-Prints the added microseconds per aten op and the ratios to the do-nothing mode's cost.
+Prints the added microseconds per aten op and the ratios to the do-nothing mode's cost, also
+with timing on (CPU timers around every op and module call).
 Target: ours <= 1.5x the do-nothing mode, well under FlopCounterMode.
 
     python benchmarks/overhead.py [--rounds 15] [--iters 5]
@@ -55,6 +56,7 @@ def main() -> None:
         "FlopCounterMode": lambda: FlopCounterMode(display=False),
         "dispatch_flops": lambda: FlopCounter(model),
         "  (no model)": lambda: FlopCounter(),  # the same without module attribution
+        "  (timing on)": lambda: FlopCounter(model, timing=True),  # + a timer per op/module
     }
     # steady state: one counter open across all of a round's steps (setup paid once)
     steady = {"do-nothing mode": DoNothing, "dispatch_flops": lambda: FlopCounter(model)}
@@ -91,7 +93,8 @@ def main() -> None:
     print(f"model: GPT {cfg.n_layer}x{cfg.d_model}, batch 2 x 16 tokens, forward + backward, "
           f"{ops} aten ops per step, {args.rounds} rounds x {args.iters} steps, 1 thread")
     print(f"eager step: {median['eager'] * 1e3:.2f} ms")
-    for name in ("do-nothing mode", "FlopCounterMode", "dispatch_flops", "  (no model)"):
+    for name in ("do-nothing mode", "FlopCounterMode", "dispatch_flops", "  (no model)",
+                 "  (timing on)"):
         print(f"{name:>16}: step {median[name] * 1e3:7.2f} ms, added {added[name]:6.2f} us/op, "
               f"{added[name] / added['do-nothing mode']:.2f}x the do-nothing mode")
     steady_added = {

@@ -14,3 +14,12 @@ def human(value: float, unit: str = "", precision: int = 2) -> str:
     if isinstance(value, int) or float(value).is_integer():
         return f"{int(value)} {unit}".rstrip()
     return f"{value:.{precision}f} {unit}".rstrip()
+
+
+def duration(seconds: float, precision: int = 2) -> str:
+    """0.08319 -> '83.19 ms': seconds in the largest unit that keeps the value >= 1."""
+    magnitude = abs(seconds)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if magnitude >= scale:
+            return f"{seconds / scale:.{precision}f} {unit}"
+    return f"{seconds / 1e-9:.{precision}f} ns" if magnitude else "0 s"

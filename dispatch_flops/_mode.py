@@ -110,14 +110,15 @@ def _resolutions(registry: Registry, causal_unmasked_only: bool) -> dict:
 
 class CountingMode(TorchDispatchMode):
     """Counts every op into the accumulators of the tracker's frames:
-    ``frame.<phase>[id(overload)] = [calls, flops, macs, read, written]``. ``tracker`` keeps
+    ``frame.<phase>[id(overload) or signature] = [calls, flops, macs, read, written, ns]``. ``tracker`` keeps
     ``forward_acc`` pointed at the running frame's forward accumulator; see ``_tracker``.
 
     Dicts on the hot path are keyed by ``id(func)``: ``OpOverload.__hash__`` is a Python-level
     call, and overloads are long-lived singletons (``resolved[id].func`` keeps each alive)."""
 
-    def __init__(self, registry: Registry, causal_unmasked_only: bool):
+    def __init__(self, registry: Registry, causal_unmasked_only: bool, timer=None):
         super().__init__()
+        self.timer = timer  # a _timing.Timer, or None: timing off
         self.registry = registry
         self.causal_unmasked_only = causal_unmasked_only
         self.resolved = _resolutions(registry, causal_unmasked_only)
@@ -184,8 +185,12 @@ class CountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
-        # case) and keep only ints.
-        out = func(*args, **kwargs) if kwargs else func(*args)
+        # case) and keep only ints. Records are [calls, flops, macs, read, written, ns].
+        timer = self.timer
+        if timer is None:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+        else:
+            out, elapsed = timer.run(func, args, kwargs)
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
@@ -231,13 +236,13 @@ class CountingMode(TorchDispatchMode):
             try:
                 rec = acc.get(sig)
                 if rec is None:
-                    rec = acc[sig] = [0, 0, 0, 0, 0]
+                    rec = acc[sig] = [0, 0, 0, 0, 0, 0]
                     if sig not in self.calls:
                         self.calls[sig] = self._formula_call(sig, args, kwargs, out)
             except TypeError:  # unhashable (symbolic) sizes: price now, under the op key
                 rec = acc.get(key)
                 if rec is None:
-                    rec = acc[key] = [0, 0, 0, 0, 0]
+                    rec = acc[key] = [0, 0, 0, 0, 0, 0]
                 cost = self._price(key, formula_call(args, kwargs, out))
                 rec[1] += cost.flops
                 rec[2] += cost.macs
@@ -246,11 +251,9 @@ class CountingMode(TorchDispatchMode):
         else:
             rec = acc.get(key)
             if rec is None:
-                rec = acc[key] = [0, 0, 0, 0, 0]
+                rec = acc[key] = [0, 0, 0, 0, 0, 0]
             rec[0] += 1
-            if kind == VIEW:
-                return out
-            if kind != WRITE:
+            if kind != VIEW and kind != WRITE:
                 read = 0
                 for a in args:
                     if isinstance(a, Tensor):
@@ -261,8 +264,11 @@ class CountingMode(TorchDispatchMode):
                     write_only = resolved.write_only
                     read += _bytes([v for k, v in kwargs.items() if k not in write_only])
                 rec[3] += read
-        if isinstance(out, Tensor):
-            rec[4] += out.nbytes if out.is_contiguous() else real_bytes(out)
-        elif out.__class__ is list or out.__class__ is tuple:
-            rec[4] += _bytes(out)
+        if kind != VIEW:
+            if isinstance(out, Tensor):
+                rec[4] += out.nbytes if out.is_contiguous() else real_bytes(out)
+            elif out.__class__ is list or out.__class__ is tuple:
+                rec[4] += _bytes(out)
+        if timer is not None:
+            timer.add(rec, 5, elapsed)
         return out

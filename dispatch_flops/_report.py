@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ._format import human
+from ._format import duration, human
 from ._results import BACKWARD, FORWARD, ROOT
 
 
-def _percent(part: int, whole: int) -> str:
+def _percent(part: float, whole) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
@@ -23,6 +23,10 @@ def module_table(counter, depth: int = 2) -> str:
     headers = ["Module", "Calls", "Params", "MACs", "FLOPs", "% FLOPs", "Read", "Written"]
     if has_backward:
         headers[5:5] = ["Fwd FLOPs", "Bwd FLOPs"]
+    timed = counter.timing
+    root_time = modules[ROOT].latency_s if timed and ROOT in modules else None
+    if timed:
+        headers += ["Latency", "% Time", "FLOPS"]
     rows = []
     for name in counter.module_names():
         level = 0 if name == ROOT else name.count(".") + 1
@@ -36,9 +40,17 @@ def module_table(counter, depth: int = 2) -> str:
         if has_backward:
             row[5:5] = [human(forward[name].flops if name in forward else 0),
                         human(backward[name].flops if name in backward else 0)]
+        if timed:
+            latency = m.latency_s or 0.0
+            row += [duration(latency), _percent(latency, root_time),
+                    human(m.flops / latency, "FLOPS") if latency else "-"]
         rows.append(row)
     align = ("left",) + ("right",) * (len(headers) - 1)
     lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align)]
+    if timed:
+        top = counter.top_ops_by_time(5)
+        listed = ", ".join(f"{op} {duration(stats.latency_s or 0.0)}" for op, stats in top)
+        lines.append(f"Top ops by time: {listed}")
     unsupported = counter.unsupported_ops()
     if unsupported:
         listed = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Optional
 
 ROOT = ""  # the root model's name in by_module(); without a model, everything is charged here
 FORWARD = "forward"
@@ -16,15 +16,23 @@ NO_ARITHMETIC = "no_arithmetic"  # declared to do no arithmetic (views, copies, 
 UNSUPPORTED = "unsupported"  # no formula: bytes counted, flops unknown
 
 
+def _add_latency(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
 @dataclass(frozen=True)
 class Stats:
-    """Counts for a set of op calls. ``flops`` includes ``2 * macs``."""
+    """Counts for a set of op calls. ``flops`` includes ``2 * macs``. ``latency_s`` is the
+    measured time in seconds when timing was on, ``None`` when it was off."""
 
     calls: int = 0
     flops: int = 0
     macs: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    latency_s: Optional[float] = None
 
     def __add__(self, other: "Stats") -> "Stats":
         return Stats(
@@ -33,7 +41,28 @@ class Stats:
             self.macs + other.macs,
             self.bytes_read + other.bytes_read,
             self.bytes_written + other.bytes_written,
+            _add_latency(self.latency_s, other.latency_s),
         )
+
+    @property
+    def bytes(self) -> int:
+        """Bytes moved: read + written."""
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def arithmetic_intensity(self) -> Optional[float]:
+        """Flops per byte moved; ``None`` when nothing moved."""
+        return self.flops / self.bytes if self.bytes else None
+
+    @property
+    def achieved_flops(self) -> Optional[float]:
+        """Flops per second of measured time; ``None`` without a (positive) latency."""
+        return self.flops / self.latency_s if self.latency_s else None
+
+    @property
+    def achieved_bandwidth(self) -> Optional[float]:
+        """Bytes moved per second of measured time; ``None`` without a (positive) latency."""
+        return self.bytes / self.latency_s if self.latency_s else None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,6 +96,12 @@ class ModuleStats:
     @property
     def bytes_written(self) -> int:
         return self.inclusive.bytes_written
+
+    @property
+    def latency_s(self) -> Optional[float]:
+        """Inclusive latency: the module's forward call spans (hook to hook) plus its
+        backward ops' time; ``None`` when timing was off."""
+        return self.inclusive.latency_s
 
     def to_dict(self) -> dict:
         return {

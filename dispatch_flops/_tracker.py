@@ -63,7 +63,7 @@ class Frame:
     ``forward``/``backward`` map an op key to ``[calls, flops, macs, bytes_read,
     bytes_written]``; the dispatch mode writes them, the report reads them."""
 
-    __slots__ = ("name", "parent", "stack", "children", "calls", "forward", "backward")
+    __slots__ = ("name", "parent", "stack", "children", "calls", "forward", "backward", "span")
 
     def __init__(self, name: str, parent: Optional["Frame"]):
         self.name = name
@@ -73,6 +73,7 @@ class Frame:
         self.calls = 0  # forward calls of the module that entered this frame
         self.forward: dict = {}
         self.backward: dict = {}
+        self.span = [0]  # ns inside this frame's module calls, hook to hook (timing on)
 
     def child(self, name: str) -> "Frame":
         frame = self.children.get(name)
@@ -93,9 +94,11 @@ class ModuleTracker:
     >>> tracker.attach(); model(x); tracker.detach()
     """
 
-    def __init__(self, model: Optional[nn.Module], mode):
+    def __init__(self, model: Optional[nn.Module], mode, timer=None):
         self.model = model
         self.mode = mode
+        self.timer = timer
+        self._open: list = []  # (frame, start mark) of module calls running, when timing
         self.root = Frame(ROOT, None)
         self.current = self.root
         # frame entered at each module boundary, with the sequence number noted there; the
@@ -143,24 +146,43 @@ class ModuleTracker:
             return
         if name == ROOT:
             self.root_calls += 1
-            return
-        frame = self.current.children.get(name)
-        if frame is None:
-            frame = self.current.child(name)
-            self._first_frames.setdefault(name, frame)
-        frame.calls += 1
-        self._enter(frame)
+            frame = self.root
+        else:
+            frame = self.current.children.get(name)
+            if frame is None:
+                frame = self.current.child(name)
+                self._first_frames.setdefault(name, frame)
+            frame.calls += 1
+            self._enter(frame)
+        if self.timer is not None:
+            self._open.append((frame, self.timer.mark()))
 
     def _pop(self, module, args, output) -> None:
         name = self._name_of.get(id(module))
-        if name is None or name == ROOT:
+        if name is None:
             return
-        frame = self.current
-        while frame.name != name:  # an inner module left without its hook running
-            frame = frame.parent
-            if frame is None:
+        if name == ROOT:
+            frame = self.root
+        else:
+            frame = self.current
+            while frame.name != name:  # an inner module left without its hook running
+                frame = frame.parent
+                if frame is None:
+                    return
+            self._enter(frame.parent)
+        if self.timer is not None:
+            self._close(frame)
+
+    def _close(self, frame: Frame) -> None:
+        """End the span of ``frame``'s module call (and of any inner call left unclosed)."""
+        if not any(f is frame for f, _ in self._open):
+            return
+        end = self.timer.mark()
+        while self._open:
+            inner, start = self._open.pop()
+            self.timer.span(inner.span, 0, start, end)
+            if inner is frame:
                 return
-        self._enter(frame.parent)
 
     # -- backward ---------------------------------------------------------------------------
     def frame_of_accumulation(self, node) -> Frame:
@@ -204,6 +226,30 @@ class ModuleTracker:
             frame = todo.pop()
             out.append(frame)
             todo.extend(reversed(list(frame.children.values())))
+        return out
+
+    def spans(self) -> dict[str, int]:
+        """ns inside each module's forward calls (timing on). A module re-entered by itself
+        counts once (only frames with no ancestor of the same name count); a container that
+        is never called itself (ModuleList) gets the spans of the modules it holds."""
+        if self.timer is not None:
+            self.timer.resolve()
+        calls = self.call_counts()
+        out: dict[str, int] = {}
+        todo = [(self.root, frozenset())]
+        while todo:
+            frame, above = todo.pop()
+            if frame is not self.root or self.root_calls:
+                if frame.name not in above:
+                    out[frame.name] = out.get(frame.name, 0) + frame.span[0]
+                    parent = frame.parent.name if frame.parent is not None else None
+                    for prefix in static_prefixes(frame.name)[:-1]:
+                        if not calls.get(prefix) and prefix not in above and not (
+                            parent is not None and (parent + ".").startswith(prefix + ".")
+                        ):
+                            out[prefix] = out.get(prefix, 0) + frame.span[0]
+            inner = above | {frame.name}
+            todo.extend((child, inner) for child in frame.children.values())
         return out
 
     def call_counts(self) -> dict[str, int]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Optional
 
+import torch
 from torch import nn
 
 from dispatch_flops.formulas import REGISTRY, Category, Registry
@@ -24,6 +26,8 @@ from ._results import (
     Stats,
     frozen_mapping,
 )
+from ._roofline import DEVICES, DeviceSpec, Roofline, device_spec
+from ._timing import Timer
 from ._tracker import ModuleTracker
 
 ATTENTION_MODES = ("dense", "causal")
@@ -50,6 +54,9 @@ class FlopCounter:
 
     ``attention="dense"`` (default) counts every (query, key) pair of attention;
     ``attention="causal"`` counts only the unmasked pairs when ``is_causal=True``.
+    ``timing=True`` also measures latency: CUDA events around every CUDA op and module call
+    (resolved with one synchronize when results are first read), ``perf_counter_ns`` on the
+    CPU. For medians over warm repeats use ``dispatch_flops.profile``.
     Register custom formulas before entering the block.
     """
 
@@ -59,13 +66,17 @@ class FlopCounter:
         *,
         attention: str = "dense",
         registry: Optional[Registry] = None,
+        timing: bool = False,
     ):
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        if not isinstance(timing, bool):
+            raise TypeError(f"timing must be True or False, got {timing!r}")
         self.model = model
         self.attention = attention
+        self.timing = timing
         self.registry = registry if registry is not None else REGISTRY
         self.root_label = type(model).__name__ if model is not None else "global"
         self._mode: Optional[CountingMode] = None
@@ -73,13 +84,18 @@ class FlopCounter:
         self._active = False
         self._records: Optional[list[OpRecord]] = None
         self._params: Optional[dict[str, int]] = None
+        self._timer: Optional[Timer] = None
+        self._wall = [0]  # ns from entry to exit, when timing
+        self._wall_start = None
+        self.repeats = 1  # timed runs behind the latencies (``profile`` sets the median's)
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "FlopCounter":
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
-        mode = CountingMode(self.registry, self.attention == "causal")
-        tracker = ModuleTracker(self.model, mode)
+        timer = Timer() if self.timing else None
+        mode = CountingMode(self.registry, self.attention == "causal", timer)
+        tracker = ModuleTracker(self.model, mode, timer)
         mode.bind(tracker)
         tracker.attach()
         try:
@@ -88,6 +104,9 @@ class FlopCounter:
             tracker.detach()
             raise
         self._tracker, self._mode, self._active, self._records = tracker, mode, True, None
+        self._timer, self._wall = timer, [0]
+        if timer is not None:
+            self._wall_start = timer.mark()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -95,8 +114,21 @@ class FlopCounter:
             self._mode.__exit__(exc_type, exc, tb)
         finally:
             self._tracker.detach()
+            if self._timer is not None:
+                self._timer.span(self._wall, 0, self._wall_start, self._timer.mark())
             self._active = False
             self._records = None
+
+    def _latency(self, ns: int) -> Optional[float]:
+        return ns / 1e9 if self.timing else None
+
+    @property
+    def wall_s(self) -> Optional[float]:
+        """Seconds from entering the block to leaving it (timing on), else ``None``."""
+        if self._timer is None or self._active:
+            return None
+        self._timer.resolve()
+        return self._wall[0] / 1e9
 
     def _param_counts(self) -> dict[str, int]:
         # read at report time, not on entry: counting is what must stay cheap
@@ -115,12 +147,14 @@ class FlopCounter:
         if self._records is not None:
             return list(self._records)
         mode = self._mode
+        if self._timer is not None:
+            self._timer.resolve()
         costs: dict[tuple, object] = {}  # one formula call per distinct signature
         records = []
         for frame in self._tracker.frames():
             for phase, acc in frame.accumulators():
                 by_op: dict[int, list] = {}
-                for key, (calls, flops, macs, read, written) in list(acc.items()):
+                for key, (calls, flops, macs, read, written, ns) in list(acc.items()):
                     if key.__class__ is tuple:  # counted by signature, priced here
                         cost = costs.get(key)
                         if cost is None:
@@ -128,9 +162,9 @@ class FlopCounter:
                         flops, macs, key = calls * cost.flops, calls * cost.macs, key[0]
                     total = by_op.get(key)
                     if total is None:
-                        by_op[key] = [calls, flops, macs, read, written]
+                        by_op[key] = [calls, flops, macs, read, written, ns]
                     else:
-                        for i, value in enumerate((calls, flops, macs, read, written)):
+                        for i, value in enumerate((calls, flops, macs, read, written, ns)):
                             total[i] += value
                 for key, counts in by_op.items():
                     func = mode.op(key)
@@ -142,7 +176,7 @@ class FlopCounter:
                             operator=str(func.overloadpacket),
                             overload=str(func),
                             category=_CATEGORY_NAME[mode.category(func)],
-                            stats=Stats(*counts),
+                            stats=Stats(*counts[:5], self._latency(counts[5])),
                         )
                     )
         if not self._active:
@@ -180,6 +214,7 @@ class FlopCounter:
         exclusive: dict[str, Stats] = defaultdict(Stats)
         operators: dict[str, dict[str, Stats]] = defaultdict(lambda: defaultdict(Stats))
         credited_cache: dict[tuple, set] = {}
+        forward_op_s: dict[str, float] = {}
         for r in self.records():
             if phase is not None and r.phase != phase:
                 continue
@@ -190,9 +225,19 @@ class FlopCounter:
             for name in credited:
                 inclusive[name] = inclusive[name] + r.stats
                 operators[name][r.operator] = operators[name][r.operator] + r.stats
+                if r.phase == FORWARD and r.stats.latency_s:
+                    forward_op_s[name] = forward_op_s.get(name, 0.0) + r.stats.latency_s
         names = set(inclusive) | {n for n, c in calls.items() if c}
         if self.model is None or tracker is None:
             names.add(ROOT)
+        if self.timing and phase in (None, FORWARD):
+            # a called module's forward latency is its call spans, hook to hook (what its
+            # caller waits for, Python between its ops included); backward stays the sum of
+            # its ops' times. Spans replace the forward ops' times, never add to them.
+            for name, span_ns in tracker.spans().items():
+                stats = inclusive.get(name, Stats())
+                latency = (stats.latency_s or 0.0) - forward_op_s.get(name, 0.0) + span_ns / 1e9
+                inclusive[name] = replace(stats, latency_s=latency)
         return {
             name: ModuleStats(
                 name=name,
@@ -223,6 +268,70 @@ class FlopCounter:
                 out[r.operator] += r.stats.calls
         return dict(out)
 
+    # -- timing views ---------------------------------------------------------------------
+    def _require_timing(self, what: str) -> None:
+        if not self.timing:
+            raise ValueError(f"{what} needs measured time: count with FlopCounter(..., "
+                             f"timing=True) or dispatch_flops.profile(...)")
+
+    def top_ops_by_time(self, k: int = 10) -> list[tuple[str, Stats]]:
+        """The ``k`` operators that took the most time, longest first."""
+        self._require_timing("top_ops_by_time")
+        ops = sorted(self.by_operator().items(), key=lambda item: -(item[1].latency_s or 0))
+        return ops[:k]
+
+    def top_modules_by_time(self, k: int = 10, *, inclusive: bool = False
+                            ) -> list[tuple[str, ModuleStats]]:
+        """The ``k`` modules that took the most time: by the time of the ops they ran
+        directly (default), or by their inclusive latency (the root first, then its parts)."""
+        self._require_timing("top_modules_by_time")
+
+        def latency(m: ModuleStats) -> float:
+            return (m.latency_s if inclusive else m.exclusive.latency_s) or 0.0
+
+        return sorted(self.by_module().items(), key=lambda item: -latency(item[1]))[:k]
+
+    def _device(self, device: Optional[DeviceSpec]) -> DeviceSpec:
+        if device is not None:
+            if not isinstance(device, DeviceSpec):
+                raise TypeError(f"device must be a DeviceSpec, got {type(device).__name__}")
+            return device
+        found = device_spec()
+        if found is None:
+            raise ValueError("no built-in DeviceSpec for this device (built in: "
+                             f"{sorted(DEVICES)}); pass device=DeviceSpec(name, "
+                             "{'bfloat16': flop_s}, bytes_s) or DeviceSpec.cpu(flop_s, bytes_s)")
+        return found
+
+    def _dtype(self, dtype) -> torch.dtype:
+        if dtype is not None:
+            return dtype
+        for p in self.model.parameters() if self.model is not None else ():
+            if p.is_floating_point():
+                return p.dtype
+        return torch.float32
+
+    def roofline_by_operator(self, device: Optional[DeviceSpec] = None, dtype=None
+                             ) -> dict[str, Roofline]:
+        """Each operator against ``device``'s roofs (the current GPU's built-in spec when
+        None) at ``dtype`` (the model's parameter dtype when None)."""
+        spec, dtype = self._device(device), self._dtype(dtype)
+        return {op: spec.roofline(stats, dtype) for op, stats in self.by_operator().items()}
+
+    def roofline_by_module(self, device: Optional[DeviceSpec] = None, dtype=None
+                           ) -> dict[str, Roofline]:
+        """Each module (inclusive) against ``device``'s roofs; see ``roofline_by_operator``."""
+        spec, dtype = self._device(device), self._dtype(dtype)
+        return {name: spec.roofline(m.inclusive, dtype) for name, m in self.by_module().items()}
+
+    def mfu(self, device: Optional[DeviceSpec] = None, dtype=None) -> float:
+        """Model flops utilisation: flops / (wall time of the block x peak flop/s)."""
+        self._require_timing("mfu")
+        if self.wall_s is None or not self.wall_s:
+            raise ValueError("mfu needs a finished, timed block: read it after the with block")
+        peak = self._device(device).peak_flops(self._dtype(dtype))
+        return self.total.flops / (self.wall_s * peak)
+
     # -- output ---------------------------------------------------------------------------
     def table(self, depth: int = 2) -> str:
         """The module tree to ``depth`` (0 = root only) with human units and % of total."""
@@ -236,6 +345,9 @@ class FlopCounter:
         return {
             "model": self.root_label,
             "attention": self.attention,
+            "timing": self.timing,
+            "repeats": self.repeats,
+            "wall_s": self.wall_s,
             "total": self.total.to_dict(),
             "by_phase": {p: s.to_dict() for p, s in self.by_phase().items()},
             "by_module": {n: m.to_dict() for n, m in self.by_module().items()},

@@ -1,0 +1,76 @@
+"""Latency: CUDA events on CUDA, ``time.perf_counter_ns`` on the CPU.
+
+The dispatch mode asks ``Timer.run`` to run an op and gets back the op's output and a token:
+nanoseconds (an int) for a CPU op, a pair of recorded CUDA events for a CUDA op. Event pairs
+are kept and resolved all at once, after one ``torch.cuda.synchronize()``, when the results
+are first read: never a synchronize per op. The same goes for module spans from the hooks.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+
+import torch
+from torch import Tensor
+
+
+def _on_cuda(args) -> bool:
+    """Whether an op runs on CUDA: its first tensor argument (or first tensor of a list) is."""
+    for a in args:
+        if isinstance(a, Tensor):
+            return a.is_cuda
+        if (a.__class__ is list or a.__class__ is tuple) and a and isinstance(a[0], Tensor):
+            return a[0].is_cuda
+    return False
+
+
+class Timer:
+    """Times ops and module spans; ``resolve()`` turns every pending event pair into ns."""
+
+    def __init__(self) -> None:
+        # CUDA events are only made when CUDA is already in use: timing a CPU model on a
+        # machine with a GPU must not initialise CUDA
+        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._pending: list = []  # (list, index, start event, end event)
+
+    def _event(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def run(self, func, args, kwargs):
+        """``(out, token)``: the op's output and its time token (ns, or an event pair)."""
+        if self.cuda and _on_cuda(args):
+            start = self._event()
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            return out, (start, self._event())
+        start = perf_counter_ns()
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        return out, perf_counter_ns() - start
+
+    def add(self, counts: list, index: int, token) -> None:
+        """Add ``token``'s time to ``counts[index]`` now (ns) or at ``resolve`` (events)."""
+        if token.__class__ is int:
+            counts[index] += token
+        else:
+            self._pending.append((counts, index, token[0], token[1]))
+
+    # -- module spans -----------------------------------------------------------------------
+    def mark(self):
+        """A point in time for a module boundary: an event when CUDA is in use, else ns."""
+        return self._event() if self.cuda else perf_counter_ns()
+
+    def span(self, counts: list, index: int, start, end) -> None:
+        if start.__class__ is int:
+            counts[index] += end - start
+        else:
+            self._pending.append((counts, index, start, end))
+
+    def resolve(self) -> None:
+        """Turn every pending event pair into ns: one synchronize for all of them."""
+        if not self._pending:
+            return
+        torch.cuda.synchronize()
+        for counts, index, start, end in self._pending:
+            counts[index] += round(start.elapsed_time(end) * 1e6)  # ms -> ns
+        self._pending.clear()
