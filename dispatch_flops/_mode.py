@@ -123,6 +123,7 @@ class CountingMode(TorchDispatchMode):
         self.causal_unmasked_only = causal_unmasked_only
         self.resolved = _resolutions(registry, causal_unmasked_only)
         self.forward_acc: dict = {}
+        self.recomputing = False
         self.tracker = None
         self.calls: dict[tuple, tuple] = {}  # this counter's signatures: what it will price
 
@@ -197,7 +198,7 @@ class CountingMode(TorchDispatchMode):
             resolved = self._resolve(func)
         kind = resolved.kind
         node = _current_node()
-        if node is None:
+        if node is None or self.recomputing:  # recompute: the tracker points forward_acc
             acc = self.forward_acc
         else:
             # the frame entered last before the node was created; AccumulateGrad nodes all

@@ -5,7 +5,10 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ._format import duration, human
-from ._results import BACKWARD, FORWARD, ROOT
+from ._results import BACKWARD, FORWARD, OPTIMIZER, PHASES, RECOMPUTE, ROOT
+
+_PHASE_HEADERS = {FORWARD: "Fwd FLOPs", BACKWARD: "Bwd FLOPs", OPTIMIZER: "Opt FLOPs",
+                  RECOMPUTE: "Recompute FLOPs"}
 
 
 def _percent(part: float, whole) -> str:
@@ -16,13 +19,17 @@ def module_table(counter, depth: int = 2) -> str:
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be an int >= 0 (0 shows the root only), got {depth!r}")
     modules = counter.by_module()
-    forward = counter.by_module(phase=FORWARD)
-    backward = counter.by_module(phase=BACKWARD)
-    has_backward = counter.by_phase()[BACKWARD].calls > 0
+    by_phase = counter.by_phase()
+    # a column per phase once more than forward ran
+    shown = [p for p in PHASES if by_phase[p].calls] if any(
+        by_phase[p].calls for p in PHASES if p != FORWARD) else []
+    per_phase = {p: counter.by_module(phase=p) for p in shown}
     total = counter.total.flops
     headers = ["Module", "Calls", "Params", "MACs", "FLOPs", "% FLOPs", "Read", "Written"]
-    if has_backward:
-        headers[5:5] = ["Fwd FLOPs", "Bwd FLOPs"]
+    headers[5:5] = [_PHASE_HEADERS[p] for p in shown]
+    saved = counter.saved_activations
+    if saved:
+        headers.append("Saved")
     timed = counter.timing
     root_time = modules[ROOT].latency_s if timed and ROOT in modules else None
     if timed:
@@ -37,9 +44,10 @@ def module_table(counter, depth: int = 2) -> str:
         label = counter.root_label if name == ROOT else "· " * (level - 1) + name
         row = [label, m.calls, human(m.params), human(m.macs), human(m.flops),
                _percent(m.flops, total), human(m.bytes_read, "B"), human(m.bytes_written, "B")]
-        if has_backward:
-            row[5:5] = [human(forward[name].flops if name in forward else 0),
-                        human(backward[name].flops if name in backward else 0)]
+        row[5:5] = [human(per_phase[p][name].flops if name in per_phase[p] else 0)
+                    for p in shown]
+        if saved:
+            row.append(human(m.saved_bytes or 0, "B"))
         if timed:
             latency = m.latency_s or 0.0
             row += [duration(latency), _percent(latency, root_time),
@@ -47,6 +55,9 @@ def module_table(counter, depth: int = 2) -> str:
         rows.append(row)
     align = ("left",) + ("right",) * (len(headers) - 1)
     lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align)]
+    if any(by_phase[p].calls for p in (OPTIMIZER, RECOMPUTE)):
+        lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
+                     f"hardware flops (all executed): {human(counter.hardware_flops())}")
     if timed:
         top = counter.top_ops_by_time(5)
         listed = ", ".join(f"{op} {duration(stats.latency_s or 0.0)}" for op, stats in top)

@@ -9,7 +9,10 @@ from typing import Mapping, Optional
 ROOT = ""  # the root model's name in by_module(); without a model, everything is charged here
 FORWARD = "forward"
 BACKWARD = "backward"
-PHASES = (FORWARD, BACKWARD)
+OPTIMIZER = "optimizer"  # ops run inside optimizer.step()
+RECOMPUTE = "recompute"  # forward ops re-run by activation checkpointing during backward
+PHASES = (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE)
+MODEL_PHASES = (FORWARD, BACKWARD)  # model flops: what the model needs, once
 
 EXACT = "exact"  # priced by a formula
 NO_ARITHMETIC = "no_arithmetic"  # declared to do no arithmetic (views, copies, allocation)
@@ -80,6 +83,10 @@ class ModuleStats:
     inclusive: Stats
     exclusive: Stats
     by_operator: Mapping[str, Stats] = field(default_factory=dict)  # inclusive, per op
+    # bytes of tensors saved for backward during forward (storage-deduplicated, parameters
+    # excluded), inclusive and by the module's own ops; None unless saved_activations=True
+    saved_bytes: Optional[int] = None
+    saved_bytes_exclusive: Optional[int] = None
 
     @property
     def flops(self) -> int:
@@ -111,6 +118,8 @@ class ModuleStats:
             "inclusive": self.inclusive.to_dict(),
             "exclusive": self.exclusive.to_dict(),
             "by_operator": {op: s.to_dict() for op, s in self.by_operator.items()},
+            "saved_bytes": self.saved_bytes,
+            "saved_bytes_exclusive": self.saved_bytes_exclusive,
         }
 
 

@@ -20,11 +20,16 @@ from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
 )
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
-from ._results import BACKWARD, FORWARD, ROOT
+from ._results import BACKWARD, FORWARD, OPTIMIZER, RECOMPUTE, ROOT
 
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 _sequence_nr = torch.autograd._get_sequence_nr
+_current_node = torch._C._current_autograd_node
 
 
 def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
@@ -60,10 +65,11 @@ def static_prefixes(name: str) -> list[str]:
 class Frame:
     """One running stack of modules, root first, with the ops counted under it.
 
-    ``forward``/``backward`` map an op key to ``[calls, flops, macs, bytes_read,
-    bytes_written]``; the dispatch mode writes them, the report reads them."""
+    Each phase's accumulator maps an op key to ``[calls, flops, macs, bytes_read,
+    bytes_written, ns]``; the dispatch mode writes them, the report reads them."""
 
-    __slots__ = ("name", "parent", "stack", "children", "calls", "forward", "backward", "span")
+    __slots__ = ("name", "parent", "stack", "children", "calls", "forward", "backward",
+                 "optimizer", "recompute", "span", "saved")
 
     def __init__(self, name: str, parent: Optional["Frame"]):
         self.name = name
@@ -73,7 +79,10 @@ class Frame:
         self.calls = 0  # forward calls of the module that entered this frame
         self.forward: dict = {}
         self.backward: dict = {}
+        self.optimizer: dict = {}  # only the root's is used: a step is no module's
+        self.recompute: dict = {}  # forward ops re-run by activation checkpointing
         self.span = [0]  # ns inside this frame's module calls, hook to hook (timing on)
+        self.saved = 0  # bytes saved for backward by the ops run directly under this frame
 
     def child(self, name: str) -> "Frame":
         frame = self.children.get(name)
@@ -83,7 +92,8 @@ class Frame:
 
     def accumulators(self):
         """(phase, {op key: counts}) for every phase."""
-        return ((FORWARD, self.forward), (BACKWARD, self.backward))
+        return ((FORWARD, self.forward), (BACKWARD, self.backward),
+                (OPTIMIZER, self.optimizer), (RECOMPUTE, self.recompute))
 
 
 class ModuleTracker:
@@ -112,17 +122,24 @@ class ModuleTracker:
         self._accumulation_frames: dict[int, Frame] = {}
         self._first_frames: dict[str, Frame] = {}  # each module's first frame
         self._handles: list = []
+        self._optimizer_depth = 0  # optimizer.step() calls running
+        self._saved_seen: Optional[set] = None  # storages charged, when watching saved ones
+        self._param_storages: set = set()
+        self._recompute_depth = 0  # module calls running inside backward (checkpointing)
         mode.forward_acc = self.root.forward
 
     # -- lifecycle --------------------------------------------------------------------------
     def attach(self) -> None:
-        """Two global module hooks, filtered to the model's modules by identity: one pair of
-        registrations however large the model is."""
-        if self.model is None:
-            return
-        self._name_of, self._modules = walk_modules(self.model)
-        self._handles.append(register_module_forward_pre_hook(self._push))
+        """Global hooks: optimizer step pre/post, and (with a model) module forward pre/post,
+        filtered to the model's modules by identity: a few registrations however large the
+        model is."""
         try:
+            self._handles.append(register_optimizer_step_pre_hook(self._step_begins))
+            self._handles.append(register_optimizer_step_post_hook(self._step_ends))
+            if self.model is None:
+                return
+            self._name_of, self._modules = walk_modules(self.model)
+            self._handles.append(register_module_forward_pre_hook(self._push))
             self._handles.append(register_module_forward_hook(self._pop, always_call=True))
         except BaseException:
             self.detach()
@@ -136,7 +153,7 @@ class ModuleTracker:
     # -- hooks ------------------------------------------------------------------------------
     def _enter(self, frame: Frame) -> None:
         self.current = frame
-        self.mode.forward_acc = frame.forward
+        self.mode.forward_acc = frame.recompute if self._recompute_depth else frame.forward
         self.boundary_seqs.append(_sequence_nr())
         self.boundary_frames.append(frame)
 
@@ -144,9 +161,13 @@ class ModuleTracker:
         name = self._name_of.get(id(module))
         if name is None:  # not one of the model's modules: ops stay with the enclosing one
             return
+        if self._recompute_depth or _current_node() is not None:
+            return self._push_recompute(name)
         if name == ROOT:
             self.root_calls += 1
             frame = self.root
+            if self.current is self.root and self._saved_seen is not None:
+                self._saved_seen.clear()  # a new step: storages of the last may be reused
         else:
             frame = self.current.children.get(name)
             if frame is None:
@@ -157,10 +178,25 @@ class ModuleTracker:
         if self.timer is not None:
             self._open.append((frame, self.timer.mark()))
 
+    def _push_recompute(self, name: str) -> None:
+        """A module called while autograd runs a node: activation checkpointing re-running
+        forward (reentrant or not). Its ops go to the recompute phase of the module's frame,
+        placed where the module ran in forward; no call or time is added to forward's."""
+        if not self._recompute_depth:
+            self._resume = self.current
+            first = self._first_frames.get(name)
+            self.current = first.parent if first is not None and first.parent else self.root
+            self.mode.recomputing = True
+        self._recompute_depth += 1
+        if name != ROOT:
+            self._enter(self.current.child(name))
+
     def _pop(self, module, args, output) -> None:
         name = self._name_of.get(id(module))
         if name is None:
             return
+        if self._recompute_depth:
+            return self._pop_recompute(name)
         if name == ROOT:
             frame = self.root
         else:
@@ -172,6 +208,53 @@ class ModuleTracker:
             self._enter(frame.parent)
         if self.timer is not None:
             self._close(frame)
+
+    def _pop_recompute(self, name: str) -> None:
+        if name != ROOT:
+            frame = self.current
+            while frame.name != name and frame.parent is not None:
+                frame = frame.parent
+            self._enter(frame.parent if frame.parent is not None else self.root)
+        self._recompute_depth -= 1
+        if not self._recompute_depth:
+            self.mode.recomputing = False
+            self.current = self._resume
+            self.mode.forward_acc = self._resume.forward
+
+    # -- saved activations (FlopCounter(saved_activations=True)) -----------------------------
+    def watch_saved(self) -> None:
+        """Start charging tensors saved for backward to the frame that saves them: each
+        storage once (the first saver), parameters' storages never."""
+        self._saved_seen = set()
+        self._param_storages = {
+            p.untyped_storage()._cdata for p in self.model.parameters()
+        } if self.model is not None else set()
+
+    def pack(self, tensor):
+        """``saved_tensors_hooks`` pack hook: note the bytes, keep the tensor as it is."""
+        if not self._recompute_depth:
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+                return tensor
+            key = storage._cdata
+            if key not in self._saved_seen and key not in self._param_storages:
+                self._saved_seen.add(key)
+                self.current.saved += storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor):
+        return tensor
+
+    def _step_begins(self, optimizer, args, kwargs) -> None:
+        self._optimizer_depth += 1
+        self.mode.forward_acc = self.root.optimizer
+
+    def _step_ends(self, optimizer, args, kwargs) -> None:
+        self._optimizer_depth = max(0, self._optimizer_depth - 1)
+        if not self._optimizer_depth:
+            self.mode.forward_acc = self.current.forward
 
     def _close(self, frame: Frame) -> None:
         """End the span of ``frame``'s module call (and of any inner call left unclosed)."""

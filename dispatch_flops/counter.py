@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
 
 from dispatch_flops.formulas import REGISTRY, Category, Registry
 
@@ -17,6 +18,7 @@ from ._results import (
     BACKWARD,
     EXACT,
     FORWARD,
+    MODEL_PHASES,
     NO_ARITHMETIC,
     PHASES,
     ROOT,
@@ -67,13 +69,16 @@ class FlopCounter:
         attention: str = "dense",
         registry: Optional[Registry] = None,
         timing: bool = False,
+        saved_activations: bool = False,
     ):
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
-        if not isinstance(timing, bool):
-            raise TypeError(f"timing must be True or False, got {timing!r}")
+        for flag, value in (("timing", timing), ("saved_activations", saved_activations)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be True or False, got {value!r}")
+        self.saved_activations = saved_activations
         self.model = model
         self.attention = attention
         self.timing = timing
@@ -88,6 +93,7 @@ class FlopCounter:
         self._wall = [0]  # ns from entry to exit, when timing
         self._wall_start = None
         self.repeats = 1  # timed runs behind the latencies (``profile`` sets the median's)
+        self._saved_hooks = None
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "FlopCounter":
@@ -98,11 +104,21 @@ class FlopCounter:
         tracker = ModuleTracker(self.model, mode, timer)
         mode.bind(tracker)
         tracker.attach()
+        saved_hooks = None
         try:
             mode.__enter__()
+            if self.saved_activations:
+                tracker.watch_saved()
+                saved_hooks = saved_tensors_hooks(tracker.pack, tracker.unpack)
+                try:
+                    saved_hooks.__enter__()
+                except BaseException:
+                    mode.__exit__(None, None, None)
+                    raise
         except BaseException:
             tracker.detach()
             raise
+        self._saved_hooks = saved_hooks
         self._tracker, self._mode, self._active, self._records = tracker, mode, True, None
         self._timer, self._wall = timer, [0]
         if timer is not None:
@@ -111,6 +127,9 @@ class FlopCounter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
+            if self._saved_hooks is not None:
+                self._saved_hooks.__exit__(exc_type, exc, tb)
+                self._saved_hooks = None
             self._mode.__exit__(exc_type, exc, tb)
         finally:
             self._tracker.detach()
@@ -190,10 +209,21 @@ class FlopCounter:
         return sum((r.stats for r in self.records()), Stats())
 
     def by_phase(self) -> dict[str, Stats]:
+        """``{"forward", "backward", "optimizer", "recompute": Stats}``."""
         out = {phase: Stats() for phase in PHASES}
         for r in self.records():
             out[r.phase] = out[r.phase] + r.stats
         return out
+
+    def model_flops(self) -> int:
+        """Forward + backward flops: what the model needs, recompute and optimizer not
+        included (the numerator of MFU)."""
+        phases = self.by_phase()
+        return sum(phases[p].flops for p in MODEL_PHASES)
+
+    def hardware_flops(self) -> int:
+        """Every flop executed: forward, backward, recompute and optimizer (that of HFU)."""
+        return self.total.flops
 
     def by_operator(self, phase: Optional[str] = None) -> dict[str, Stats]:
         """``{"aten.mm": Stats}`` over the whole run (or one phase)."""
@@ -230,6 +260,13 @@ class FlopCounter:
         names = set(inclusive) | {n for n, c in calls.items() if c}
         if self.model is None or tracker is None:
             names.add(ROOT)
+        saved: dict[str, int] = {}
+        if self.saved_activations and phase in (None, FORWARD):
+            for frame in tracker.frames():
+                if frame.saved:
+                    for name in tracker.credited(frame.stack, calls):
+                        saved[name] = saved.get(name, 0) + frame.saved
+        own_saved = {} if not saved else self._own_saved()
         if self.timing and phase in (None, FORWARD):
             # a called module's forward latency is its call spans, hook to hook (what its
             # caller waits for, Python between its ops included); backward stays the sum of
@@ -246,9 +283,17 @@ class FlopCounter:
                 inclusive=inclusive.get(name, Stats()),
                 exclusive=exclusive.get(name, Stats()),
                 by_operator=frozen_mapping(operators.get(name, {})),
+                saved_bytes=saved.get(name, 0) if self.saved_activations else None,
+                saved_bytes_exclusive=own_saved.get(name, 0) if self.saved_activations else None,
             )
             for name in self._ordered(names)
         }
+
+    def _own_saved(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for frame in self._tracker.frames():
+            out[frame.name] = out.get(frame.name, 0) + frame.saved
+        return out
 
     def module_names(self) -> list[str]:
         """Module names in ``named_modules()`` order (the table's tree order)."""
@@ -325,12 +370,18 @@ class FlopCounter:
         return {name: spec.roofline(m.inclusive, dtype) for name, m in self.by_module().items()}
 
     def mfu(self, device: Optional[DeviceSpec] = None, dtype=None) -> float:
-        """Model flops utilisation: flops / (wall time of the block x peak flop/s)."""
-        self._require_timing("mfu")
-        if self.wall_s is None or not self.wall_s:
-            raise ValueError("mfu needs a finished, timed block: read it after the with block")
-        peak = self._device(device).peak_flops(self._dtype(dtype))
-        return self.total.flops / (self.wall_s * peak)
+        """Model flops utilisation: ``model_flops()`` / (wall time of the block x peak)."""
+        return self._utilisation("mfu", self.model_flops(), device, dtype)
+
+    def hfu(self, device: Optional[DeviceSpec] = None, dtype=None) -> float:
+        """Hardware flops utilisation: ``hardware_flops()`` / (wall time x peak)."""
+        return self._utilisation("hfu", self.hardware_flops(), device, dtype)
+
+    def _utilisation(self, what: str, flops: int, device, dtype) -> float:
+        self._require_timing(what)
+        if not self.wall_s:
+            raise ValueError(f"{what} needs a finished, timed block: read it after the block")
+        return flops / (self.wall_s * self._device(device).peak_flops(self._dtype(dtype)))
 
     # -- output ---------------------------------------------------------------------------
     def table(self, depth: int = 2) -> str:

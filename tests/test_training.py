@@ -1,0 +1,170 @@
+"""Training steps: backward, optimizer and recompute phases, saved activations, shape-only
+counting on meta and under FakeTensorMode."""
+
+import re
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+from dispatch_flops import ROOT, FlopCounter
+from dispatch_flops.models import GPT, GPTConfig, Llama, LlamaConfig
+
+
+def stacked_linears(widths):
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Linear(a, b) for a, b in zip(widths, widths[1:])))
+
+
+@pytest.mark.parametrize("input_requires_grad", [False, True])
+def test_backward_macs_twice_forward_per_weight_layer(input_requires_grad):
+    """Each Linear's backward MACs are 2x its forward MACs (grad input + grad weight), or 1x
+    for a first layer whose input needs no gradient; charged to the same modules."""
+    model = stacked_linears([8, 16, 12, 4])
+    x = torch.randn(5, 8, requires_grad=input_requires_grad)
+    with FlopCounter(model) as fc:
+        model(x).sum().backward()
+    forward, backward = fc.by_module("forward"), fc.by_module("backward")
+    for i in range(3):
+        name = str(i)
+        factor = 1 if i == 0 and not input_requires_grad else 2
+        assert forward[name].macs == 5 * model[i].in_features * model[i].out_features
+        assert backward[name].macs == factor * forward[name].macs, name
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class Stack(nn.Module):
+    def __init__(self, d=16, n=3, mode=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.mode = mode  # None, "reentrant" or "non-reentrant": checkpoint each block
+
+    def forward(self, x):
+        for block in self.blocks:
+            if self.mode is None:
+                x = block(x)
+            else:
+                x = checkpoint(block, x, use_reentrant=self.mode == "reentrant")
+        return x
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
+def test_checkpointing_adds_exactly_the_recomputed_forward(mode):
+    """Same model flops with and without checkpointing; hardware flops differ by exactly the
+    recomputed forward, charged to the checkpointed modules in phase recompute."""
+    x = torch.randn(4, 16, requires_grad=True)
+    with FlopCounter(plain := Stack()) as base:
+        plain(x).sum().backward()
+    # recompute all of each block, not only up to the last tensor backward needs
+    with set_checkpoint_early_stop(False), FlopCounter(ck := Stack(mode=mode)) as fc:
+        ck(x).sum().backward()
+    assert fc.model_flops() == base.model_flops()
+    recompute = fc.by_phase()["recompute"]
+    assert recompute.macs == base.by_phase()["forward"].macs > 0
+    assert fc.hardware_flops() - fc.model_flops() == recompute.flops
+    by_module = fc.by_module("recompute")
+    forward = base.by_module("forward")
+    for i in range(3):
+        for name in (f"blocks.{i}", f"blocks.{i}.a", f"blocks.{i}.b"):
+            assert by_module[name].macs == forward[name].macs, name
+    assert fc.by_module("forward")["blocks.0"].calls == 1  # recompute adds no forward call
+
+
+def test_optimizer_steps_counted_in_their_phase():
+    """Ops inside optimizer.step() (foreach and fused AdamW, SGD) land in phase optimizer,
+    and the hooks are gone afterwards. Only the profiler's record_function enter/exit, which
+    step() runs around its pre/post hooks, fall outside."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    for make in (lambda p: torch.optim.AdamW(p, foreach=True),
+                 lambda p: torch.optim.AdamW(p, foreach=False),
+                 lambda p: torch.optim.AdamW(p, fused=True),
+                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)):
+        model = stacked_linears([8, 8, 4])
+        opt = make(model.parameters())
+        model(torch.randn(3, 8)).sum().backward()
+        with FlopCounter(model) as fc:
+            opt.step()
+        phases = fc.by_phase()
+        assert phases["optimizer"].calls > 0 and phases["optimizer"].bytes_written > 0
+        outside = {r.operator for r in fc.records() if r.phase != "optimizer"}
+        assert outside <= {"profiler._record_function_enter_new", "profiler._record_function_exit"}
+    assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks
+
+
+def test_saved_activations_of_an_mlp_equal_a_hand_count():
+    """Linear -> ReLU -> Linear saves x (for the first weight's gradient) and the ReLU's output
+    (for ReLU's and the second Linear's backward, one storage counted once); weights are
+    parameters and do not count."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(5, 8)
+    with FlopCounter(model, saved_activations=True) as fc:
+        model(x).sum().backward()
+    modules = fc.by_module()
+    assert modules["0"].saved_bytes == x.nbytes
+    assert modules["1"].saved_bytes == 5 * 32 * 4
+    assert modules["2"].saved_bytes == 0  # its input is ReLU's output, already counted
+    assert modules[ROOT].saved_bytes == x.nbytes + 5 * 32 * 4
+    assert "Saved" in fc.table()
+    with FlopCounter(model) as off:
+        model(x)
+    assert off.by_module()[ROOT].saved_bytes is None and "Saved" not in off.table()
+
+
+def test_saved_activations_drop_where_checkpointed():
+    x = torch.randn(4, 16, requires_grad=True)
+    with FlopCounter(plain := Stack(), saved_activations=True) as base:
+        plain(x).sum().backward()
+    with FlopCounter(ck := Stack(mode="non-reentrant"), saved_activations=True) as fc:
+        ck(x).sum().backward()
+    assert fc.by_module()["blocks.1"].saved_bytes == 0 < base.by_module()["blocks.1"].saved_bytes
+
+
+def test_shape_only_counting_on_meta_equals_real_counts():
+    """A model built on meta, with meta inputs, forward + backward: the same counts as on
+    real tensors."""
+    cfg = LlamaConfig()
+    torch.manual_seed(0)
+    real = Llama(cfg)
+    with torch.device("meta"):
+        meta = Llama(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    counts = []
+    for model, inputs in ((real, idx), (meta, idx.to("meta"))):
+        with FlopCounter(model) as fc:
+            model(inputs).sum().backward()
+        counts.append({n: (m.flops, m.macs) for n, m in fc.by_module().items()})
+    # attention runs the fused kernel on CPU and its math decomposition on meta: every
+    # module that does not hold attention agrees to the flop
+    holds_attention = re.compile(r"^(|layers|layers\.\d+|layers\.\d+\.attn)$")
+    same = [n for n in counts[0] if not holds_attention.match(n)]
+    assert len(same) > 10 and set(counts[0]) == set(counts[1])
+    for name in same:
+        assert counts[0][name] == counts[1][name], name
+
+
+def test_shape_only_counting_under_fake_tensor_mode():
+    with FakeTensorMode():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16))
+        idx = torch.randint(0, 64, (2, 8))
+        with FlopCounter(model) as fake:
+            model(idx).sum().backward()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16))
+    with FlopCounter(model) as real:
+        model(torch.randint(0, 64, (2, 8))).sum().backward()
+    assert fake.by_phase()["forward"].macs == real.by_phase()["forward"].macs
+    assert fake.by_module()["lm_head"].macs == real.by_module()["lm_head"].macs
