@@ -116,9 +116,10 @@ class CountingMode(TorchDispatchMode):
     Dicts on the hot path are keyed by ``id(func)``: ``OpOverload.__hash__`` is a Python-level
     call, and overloads are long-lived singletons (``resolved[id].func`` keeps each alive)."""
 
-    def __init__(self, registry: Registry, causal_unmasked_only: bool, timer=None):
+    def __init__(self, registry: Registry, causal_unmasked_only: bool, runner=None):
         super().__init__()
-        self.timer = timer  # a _timing.Timer, or None: timing off
+        # runs each op when not None: a _timing.Timer (timing on) or a _meta.MetaRunner
+        self.runner = runner
         self.registry = registry
         self.causal_unmasked_only = causal_unmasked_only
         self.resolved = _resolutions(registry, causal_unmasked_only)
@@ -187,11 +188,11 @@ class CountingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
         # case) and keep only ints. Records are [calls, flops, macs, read, written, ns].
-        timer = self.timer
-        if timer is None:
+        runner = self.runner
+        if runner is None:
             out = func(*args, **kwargs) if kwargs else func(*args)
         else:
-            out, elapsed = timer.run(func, args, kwargs)
+            out, elapsed = runner.run(func, args, kwargs)
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
@@ -270,6 +271,6 @@ class CountingMode(TorchDispatchMode):
                 rec[4] += out.nbytes if out.is_contiguous() else real_bytes(out)
             elif out.__class__ is list or out.__class__ is tuple:
                 rec[4] += _bytes(out)
-        if timer is not None:
-            timer.add(rec, 5, elapsed)
+        if runner is not None:
+            runner.add(rec, 5, elapsed)
         return out

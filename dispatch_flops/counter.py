@@ -12,6 +12,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from dispatch_flops.formulas import REGISTRY, Category, Registry
 
+from ._meta import MetaRunner
 from ._mode import CountingMode
 from ._report import module_table
 from ._results import (
@@ -100,7 +101,8 @@ class FlopCounter:
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
         timer = Timer() if self.timing else None
-        mode = CountingMode(self.registry, self.attention == "causal", timer)
+        runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
+        mode = CountingMode(self.registry, self.attention == "causal", runner)
         tracker = ModuleTracker(self.model, mode, timer)
         mode.bind(tracker)
         tracker.attach()
@@ -137,6 +139,12 @@ class FlopCounter:
                 self._timer.span(self._wall, 0, self._wall_start, self._timer.mark())
             self._active = False
             self._records = None
+
+    def _on_meta(self) -> bool:
+        """Whether the model lives on the meta device (shape-only counting: see _meta)."""
+        for p in self.model.parameters() if self.model is not None else ():
+            return p.is_meta
+        return False
 
     def _latency(self, ns: int) -> Optional[float]:
         return ns / 1e9 if self.timing else None

@@ -168,3 +168,42 @@ def test_shape_only_counting_under_fake_tensor_mode():
         model(torch.randint(0, 64, (2, 8))).sum().backward()
     assert fake.by_phase()["forward"].macs == real.by_phase()["forward"].macs
     assert fake.by_module()["lm_head"].macs == real.by_module()["lm_head"].macs
+
+
+def test_meta_runner_changes_nothing_but_speed(monkeypatch):
+    """On meta, functional ops are run once per signature: every count, and the output's
+    shape, strides and dtype, equal those of running every op."""
+    from dispatch_flops import counter
+
+    cfg = LlamaConfig(n_layer=3)
+    with torch.device("meta"):
+        model = Llama(cfg)
+    idx = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    results = []
+    for cached in (True, False):
+        monkeypatch.setattr(counter.FlopCounter, "_on_meta", lambda self, c=cached: c)
+        with FlopCounter(model) as fc:
+            out = model(idx)
+            out.sum().backward()
+        model.zero_grad(set_to_none=True)
+        results.append((fc.records(), out.shape, out.stride(), out.dtype, fc._mode.runner))
+    (cached_records, *cached_out, runner), (plain_records, *plain_out, none) = results
+    assert cached_records == plain_records and cached_out == plain_out and none is None
+    assert 0 < len(runner._outputs) < sum(r.stats.calls for r in cached_records)
+
+
+def test_meta_runner_runs_mutating_aliasing_and_real_ops_for_real():
+    from dispatch_flops._meta import MetaRunner
+
+    runner = MetaRunner()
+    a, b = torch.empty(4, 3, device="meta"), torch.empty(4, 3, device="meta").t().t()
+    first, _ = runner.run(torch.ops.aten.add.Tensor, (a, b), {})
+    second, _ = runner.run(torch.ops.aten.add.Tensor, (a, b), {})
+    assert second is not first and (second.shape, second.stride(), second.dtype) == (
+        first.shape, first.stride(), first.dtype)
+    assert len(runner._outputs) == 1
+    inplace, _ = runner.run(torch.ops.aten.add_.Tensor, (a, b), {})
+    view, _ = runner.run(torch.ops.aten.t.default, (a,), {})
+    assert inplace is a and view._base is a
+    real, _ = runner.run(torch.ops.aten.add.Tensor, (torch.ones(2), torch.ones(2)), {})
+    assert torch.equal(real, torch.full((2,), 2.0)) and len(runner._outputs) == 1
