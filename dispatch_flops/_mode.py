@@ -22,7 +22,7 @@ from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 _current_node = torch._C._current_autograd_node
 
 # per-overload kinds, small ints for the hot path
-VIEW, COPY, WRITE, FORMULA, UNKNOWN = range(5)
+VIEW, COPY, WRITE, FORMULA, UNKNOWN, FORMULA_DTYPES = range(6)
 _MOVEMENT_KIND = {Movement.NONE: VIEW, Movement.COPY: COPY, Movement.WRITE: WRITE}
 
 
@@ -60,6 +60,22 @@ def _shape(v):
     if v.__class__ in (list, tuple):
         return [x.shape if isinstance(x, Tensor) else x for x in v]
     return v
+
+
+def _dtype(v):
+    if isinstance(v, Tensor):
+        return v.dtype
+    if v.__class__ in (list, tuple):
+        return [x.dtype if isinstance(x, Tensor) else None for x in v]
+    return None
+
+
+def _cost_with_dtypes(formula, args, kwargs, out):
+    """The formula call for formulas that opt in to ``dtypes`` (see the formula contract);
+    kept off the common path so that the others never pay for it."""
+    kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
+    return formula(*[_shape(a) for a in args], out_shape=_shape(out),
+                   dtypes=tuple(_dtype(a) for a in args), **kw)
 
 
 class _Resolved:
@@ -118,10 +134,13 @@ class CountingMode(TorchDispatchMode):
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
         formula = entry.formula
-        if entry.category is Category.FORMULA:
+        if entry.category is Category.FORMULA or entry.category is Category.ESTIMATED:
             kind = FORMULA
-            if "causal_unmasked_only" in inspect.signature(formula).parameters:
+            parameters = inspect.signature(formula).parameters
+            if "causal_unmasked_only" in parameters:
                 formula = partial(formula, causal_unmasked_only=self.causal_unmasked_only)
+            if "dtypes" in parameters:
+                kind = FORMULA_DTYPES
         elif entry.category is Category.NO_ARITHMETIC:
             kind = _MOVEMENT_KIND[entry.movement]
         else:
@@ -199,6 +218,10 @@ class CountingMode(TorchDispatchMode):
                 )
             else:
                 cost = resolved.formula(*shapes, out_shape=out_shape)
+            rec[1] += cost.flops
+            rec[2] += cost.macs
+        elif kind == FORMULA_DTYPES:
+            cost = _cost_with_dtypes(resolved.formula, args, kwargs, out)
             rec[1] += cost.flops
             rec[2] += cost.macs
         return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ._format import human
-from ._results import BACKWARD, FORWARD, ROOT
+from ._results import BACKWARD, ESTIMATED, EXACT, FORWARD, NO_ARITHMETIC, ROOT, UNSUPPORTED
 
 
 def _percent(part: int, whole: int) -> str:
@@ -38,11 +38,34 @@ def module_table(counter, depth: int = 2) -> str:
                         human(backward[name].flops if name in backward else 0)]
         rows.append(row)
     align = ("left",) + ("right",) * (len(headers) - 1)
-    lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align)]
+    lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align),
+             coverage_line(counter.coverage())]
+    estimated = counter.estimated_ops()
+    if estimated:
+        lines.append(f"Estimated ops (flops from the op's tag family): {_listed(estimated)}")
     unsupported = counter.unsupported_ops()
     if unsupported:
-        listed = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
-        lines.append(f"Unsupported ops (bytes counted, flops unknown): {listed}")
+        lines.append(f"Unsupported ops (bytes counted, flops unknown): {_listed(unsupported)}")
     else:
         lines.append("Unsupported ops: none")
     return "\n".join(lines)
+
+
+def _listed(ops: dict) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+
+
+def coverage_line(coverage) -> str:
+    def pct(share: float) -> str:
+        return f"{100.0 * share:.1f}%"
+
+    parts = []
+    for by, label in (("calls", "of calls"), ("bytes", "of bytes moved")):
+        parts.append(
+            f"{pct(coverage.priced_exactly(by))} {label} priced exactly "
+            f"(formula {pct(coverage.share(EXACT, by))}, "
+            f"no arithmetic {pct(coverage.share(NO_ARITHMETIC, by))}), "
+            f"estimated {pct(coverage.share(ESTIMATED, by))}, "
+            f"unsupported {pct(coverage.share(UNSUPPORTED, by))}"
+        )
+    return "Coverage: " + "; ".join(parts)

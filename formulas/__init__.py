@@ -17,6 +17,7 @@ from ._registry import (
 )
 from .costs import ELEMENT_COSTS
 from . import attention, conv, matmul, no_arithmetic, norms  # noqa: F401  (registers)
+from . import estimates  # noqa: F401  (last: the tag fallbacks)
 
 __all__ = [
     "Category",
