@@ -21,10 +21,14 @@ from . import (  # noqa: F401  (registers)
     conv,
     distance,
     fft,
+    indexing,
+    losses,
     matmul,
     no_arithmetic,
     norms,
     pointwise,
+    pooling,
+    random,
     reductions,
 )
 from . import estimates  # noqa: F401  (last: the tag fallbacks)
