@@ -21,14 +21,17 @@ from . import (  # noqa: F401  (registers)
     conv,
     distance,
     fft,
+    fused,
     indexing,
     losses,
     matmul,
     no_arithmetic,
     norms,
+    optimizers,
     pointwise,
     pooling,
     random,
+    recurrent,
     reductions,
 )
 from . import estimates  # noqa: F401  (last: the tag fallbacks)
