@@ -17,10 +17,9 @@ from ._shapes import first_numel, list_numel, numel
 
 
 def pointwise_estimate(*args, out_shape, **kwargs) -> Cost:
-    if out_shape is None:  # in-place _foreach_ ops return nothing; their first list is written
-        return Cost(next((list_numel(a) for a in args if isinstance(a, list)), 0))
-    if isinstance(out_shape, list) and out_shape and isinstance(out_shape[0], torch.Size):
-        return Cost(list_numel(out_shape))
+    lists = [a for a in args if isinstance(a, list)]
+    if lists:  # a _foreach_ op: every tensor of its first list is an output
+        return Cost(list_numel(lists[0]))
     return Cost(first_numel(out_shape))
 
 

@@ -32,11 +32,10 @@ def _not_one(value) -> bool:
 
 
 def _elements(args, out_shape) -> int:
-    if out_shape is None:  # an in-place op that returns nothing: its first list is the output
-        return next((list_numel(a) for a in args if isinstance(a, list)), 0)
-    if isinstance(out_shape, list) and out_shape and isinstance(out_shape[0], torch.Size):
-        return list_numel(out_shape)  # _foreach_ ops return a list
-    return first_numel(out_shape)
+    lists = [a for a in args if isinstance(a, list)]
+    if lists:  # a _foreach_ op: every tensor of its first list is an output (in place or not)
+        return list_numel(lists[0])
+    return first_numel(out_shape)  # ops returning a tuple (log_sigmoid_forward): the first
 
 
 def per_element(key: str, *, scale: tuple | None = None, variant: tuple | None = None):

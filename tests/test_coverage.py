@@ -121,3 +121,56 @@ def test_no_arithmetic_counts_as_exactly_priced():
         x.t().contiguous()
     cov = fc.coverage()
     assert cov.calls[NO_ARITHMETIC] == 2 and cov.priced_exactly("calls") == 1.0
+
+
+# ---- every core op classified --------------------------------------------------------------
+
+
+def core_packets():
+    """Every aten packet with an overload tagged torch.Tag.core in the installed torch,
+    enumerated from the schema registry (``dir(torch.ops.aten)`` lists only loaded packets)."""
+    names = {s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas()
+             if s.name.startswith("aten::")}
+    packets = []
+    for name in sorted(names):
+        packet = getattr(aten, name, None)
+        if packet is not None and any(torch.Tag.core in getattr(packet, o).tags
+                                      for o in packet.overloads()):
+            packets.append(packet)
+    return packets
+
+
+def test_every_core_aten_op_is_classified():
+    """A torch upgrade that adds a core op fails here until the op gets a formula or a
+    no-arithmetic declaration."""
+    packets = core_packets()
+    assert len(packets) >= 150
+    unclassified = [str(p) for p in packets if not has_formula(p)]
+    assert unclassified == []
+
+
+def test_has_formula_takes_packets_and_overloads():
+    assert has_formula(aten.add) and has_formula(aten.add.Tensor) and has_formula(aten.add_.Tensor)
+    assert has_formula(aten.embedding) and has_formula(aten.view.default)
+    assert has_formula(aten._fused_adamw_) and has_formula(aten._foreach_addcdiv_.Scalar)
+    assert not has_formula(aten.special_bessel_j0)  # estimated from its tag only
+    with pytest.raises(TypeError, match="OpOverload"):
+        has_formula("aten.add")
+
+
+def test_element_costs_are_read_at_call_time():
+    """Overriding ELEMENT_COSTS changes the next count (formulas never capture the table)."""
+    from dispatch_flops.formulas import ELEMENT_COSTS
+
+    x = torch.randn(4, 8)
+    before = {k: ELEMENT_COSTS[k] for k in ("gelu", "softmax", "adam_step")}
+    try:
+        with FlopCounter() as fc:
+            torch.nn.functional.gelu(x).softmax(-1)
+        assert fc.total.flops == 32 * (before["gelu"] + before["softmax"])
+        ELEMENT_COSTS["gelu"], ELEMENT_COSTS["softmax"] = 1, 1  # DeepSpeed's convention
+        with FlopCounter() as fc:
+            torch.nn.functional.gelu(x).softmax(-1)
+        assert fc.total.flops == 32 * 2
+    finally:
+        ELEMENT_COSTS.update(before)
