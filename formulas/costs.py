@@ -97,12 +97,14 @@ ELEMENT_COSTS: dict[str, int] = {
     "elu_backward": 3,
     # selu, celu: elu plus one more scale
     "selu": 5, "celu": 5,
-    # softplus: beta * x (1), exp (1), log1p (1), / beta (1), threshold select (1)
-    "softplus": 5,
-    # softplus backward: beta * x (1), exp (1), z / (z + 1) (2), * g (1), threshold (1)
-    "softplus_backward": 6,
-    # mish: x * tanh(softplus(x)): exp (1), log1p (1), tanh (1), multiply (1)
-    "mish": 4,
+    # softplus: beta * x (1), exp (1), log1p (1), / beta (1), compare with the threshold (1),
+    # select (1)
+    "softplus": 6,
+    # softplus backward: beta * x (1), exp (1), z / (z + 1) (2), * g (1), threshold compare
+    # and select (2)
+    "softplus_backward": 7,
+    # mish: x * tanh(softplus(x)): softplus (6), tanh (1), multiply (1)
+    "mish": 8,
     # mish backward: softplus (2), tanh (1), sigmoid (4), t^2 (1), 1 - (1), x * s (1), * (1),
     # + t (1), * g (1)
     "mish_backward": 13,
@@ -213,10 +215,10 @@ ELEMENT_COSTS: dict[str, int] = {
     "smooth_l1": 6, "smooth_l1_backward": 5,
     # huber: |x - y| (2), compare (1), 0.5 z^2 or delta (z - delta/2) (2); backward as smooth_l1
     "huber": 5, "huber_backward": 5,
-    # binary cross-entropy: log x, log(1 - x) (3), clamp both at -100 (2), y log x (1),
-    # (1 - y) log(1 - x) (2), add (1), negate (1); backward: (x - y) / max(x(1 - x), eps) (5),
-    # times g (1)
-    "binary_cross_entropy": 10, "binary_cross_entropy_backward": 6,
+    # binary cross-entropy: (y - 1) (1), log1p(-x) (2), clamp at -100 (1), multiply (1),
+    # log x (1), clamp (1), y * (1), subtract (1); backward: (x - y) / max(x(1 - x), eps)
+    # (5), times g (1)
+    "binary_cross_entropy": 9, "binary_cross_entropy_backward": 6,
     # with logits: log_sigmoid(x) (6), (1 - y) x (2), subtract (1); a pos_weight adds
     # (p - 1) y + 1 and its multiply (3)
     "binary_cross_entropy_with_logits": 9,

@@ -109,6 +109,12 @@ def index_put(x, indices, values, accumulate=False, *args, out_shape, dtypes=Non
     return Cost(max(numel(values), indexed_elements(x, indices, index_dtypes)))
 
 
+@register_formula(aten._unsafe_masked_index_put_accumulate)
+def masked_index_put_accumulate(x, mask, indices, values, *, out_shape, **kw) -> Cost:
+    # what index_put(accumulate=True) decomposes to: every value is added in (masked ones add 0)
+    return Cost(numel(values))
+
+
 @register_formula(aten.nonzero)
 def nonzero(x, *, out_shape, **kw) -> Cost:
     # one comparison with zero per element
