@@ -73,9 +73,19 @@ def _dtype(v):
 def _cost_with_dtypes(formula, args, kwargs, out):
     """The formula call for formulas that opt in to ``dtypes`` (see the formula contract);
     kept off the common path so that the others never pay for it."""
-    kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
-    return formula(*[_shape(a) for a in args], out_shape=_shape(out),
-                   dtypes=tuple(_dtype(a) for a in args), **kw)
+    shapes, dtypes = [], []
+    for a in args:
+        if isinstance(a, Tensor):
+            shapes.append(a.shape)
+            dtypes.append(a.dtype)
+        else:
+            shapes.append(_shape(a))
+            dtypes.append(_dtype(a))
+    out_shape = out.shape if isinstance(out, Tensor) else _shape(out)
+    if kwargs:
+        return formula(*shapes, out_shape=out_shape, dtypes=dtypes,
+                       **{k: _shape(v) for k, v in kwargs.items()})
+    return formula(*shapes, out_shape=out_shape, dtypes=dtypes)
 
 
 class _Resolved:

@@ -13,7 +13,7 @@ devices or globals. 1 MAC = 2 flops; ``macs`` counts multiply-accumulates only.
 Two keyword parameters are opt-in: the engine passes them only to a formula whose signature
 names them.
 
-* ``dtypes``: a tuple parallel to the positional ``args``: the ``torch.dtype`` of a tensor, a
+* ``dtypes``: a list parallel to the positional ``args``: the ``torch.dtype`` of a tensor, a
   list of dtypes for a tensor list, ``None`` for anything else. For formulas whose count
   depends on the dtype: complex-valued ops count real flops (a complex multiply is 6), and
   indexing tells a boolean mask from integer indices. Formulas that do not name it never

@@ -9,6 +9,8 @@ the table where the complex cost is not simply twice the real one.
 
 from __future__ import annotations
 
+from math import prod
+
 import torch
 
 from ._registry import Cost, register_formula
@@ -32,9 +34,11 @@ def _not_one(value) -> bool:
 
 
 def _elements(args, out_shape) -> int:
-    lists = [a for a in args if isinstance(a, list)]
-    if lists:  # a _foreach_ op: every tensor of its first list is an output (in place or not)
-        return list_numel(lists[0])
+    if out_shape.__class__ is torch.Size:  # the common case: one output tensor
+        return prod(out_shape)
+    for a in args:  # a _foreach_ op: every tensor of its first list is an output
+        if isinstance(a, list):
+            return list_numel(a)
     return first_numel(out_shape)  # ops returning a tuple (log_sigmoid_forward): the first
 
 
