@@ -71,7 +71,7 @@ COPY_OPS = _ops(
     _unsafe_view_copy unbind_copy split_copy split_with_sizes_copy diagonal_copy
     _reshape_copy narrow_copy unfold_copy _to_dense to_dense _pin_memory _foreach_copy
     _foreach_copy_ _chunk_cat block_diag diag diag_embed diagflat complex column_stack hstack
-    vstack dstack
+    vstack dstack type_as
     """
 )
 # indexing: gathers and scatters that only move data

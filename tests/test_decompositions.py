@@ -25,6 +25,9 @@ q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6,
 _, ln_mean, ln_rstd = aten.native_layer_norm(x, [5], w, b, 1e-5)
 _, bn_mean, bn_invstd = aten.native_batch_norm(x4, c, c, c.clone(), c.abs(), True, 0.1, 1e-5)
 _, gn_mean, gn_rstd = aten.native_group_norm(x4, c, c, 2, 4, 25, 2, 1e-5)
+with torch.inference_mode():  # the CPU op is composite: seen whole only under inference_mode
+    _, rms_rstd = aten._fused_rms_norm(x, [5], w, 1e-6)
+rms_rstd = rms_rstd.clone()
 one = torch.tensor(1.0)
 
 # band (low, high) of fused flops / decomposition flops, by the reason in docs/conventions.md
@@ -49,6 +52,10 @@ CASES = [  # (id, op, args, kwargs, band)
      (1.0, 1.2)),  # the decomposition normalises with a fused per-channel scale and shift
     ("group_norm_backward", aten.native_group_norm_backward.default,
      (x4, x4, gn_mean, gn_rstd, c, 2, 4, 25, 2, [True, True, True]), {}, NORM_BACKWARD),
+    ("rms_norm", aten._fused_rms_norm.default, (x, [5], w, 1e-6), {}, FINISHING),
+    ("rms_norm_backward", aten._fused_rms_norm_backward.default,  # no CPU kernel: on meta
+     tuple(t.to("meta") if isinstance(t, torch.Tensor) else t
+           for t in (g, x, [5], rms_rstd, w, [True, True])), {}, NORM_BACKWARD),
     ("softmax", aten._softmax.default, (x, -1, False), {}, EXACT),
     ("log_softmax", aten._log_softmax.default, (x, -1, False), {}, FINISHING),
     ("softmax_backward", aten._softmax_backward_data.default, (g, x.softmax(-1), -1,
@@ -96,7 +103,7 @@ CASES = [  # (id, op, args, kwargs, band)
 
 
 def _count(fn, args, kwargs):
-    with FlopCounter() as fc:
+    with torch.inference_mode(), FlopCounter() as fc:  # composite fused ops stay whole
         fn(*args, **kwargs)
     assert fc.unsupported_ops() == {} and fc.estimated_ops() == {}
     return fc.total

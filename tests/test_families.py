@@ -364,3 +364,51 @@ def test_batch_group_instance_norm_closed_forms(n, c, spatial, affine):
     assert fc.by_operator()["aten.native_group_norm"].flops == elements * (5 + 2 * affine)
     assert fc.by_operator()["aten.native_group_norm_backward"].flops == elements * (
         9 + 3 * affine)
+
+
+FAMILY_CALLS = {  # one op per family whose tensors are all floating point
+    "softmax": lambda x: x.softmax(-1),
+    "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+    "group_norm": lambda x: F.group_norm(x, 1),
+    "avg_pool": lambda x: F.avg_pool2d(x, 2, 1, 1),
+    "adaptive_pool": lambda x: F.adaptive_avg_pool2d(x, 2),
+    "interpolate": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    "reduction": lambda x: x.var(-1),
+    "cumulative": lambda x: x.cumsum(-1),
+    "loss": lambda x: F.smooth_l1_loss(x, x.flip(-1)),
+    "activation": lambda x: F.gelu(x, approximate="tanh"),
+    "padding": lambda x: F.pad(x, (1, 1, 1, 1), mode="reflect"),
+}
+
+
+@given(float_dtypes, st.sampled_from(sorted(FAMILY_CALLS)), st.integers(1, 3), st.integers(2, 4))
+def test_every_family_prices_flops_independent_of_dtype_and_bytes_at_its_size(dtype, family,
+                                                                                 batch, side):
+    """The same call in another float dtype costs the same flops and MACs, and moves bytes in
+    proportion to the dtype's size (float32 as the reference)."""
+    x = torch.randn(batch, 2, side, side)
+    call = FAMILY_CALLS[family]
+    reference = ours(call, x).total
+    try:
+        fc = ours(call, x.to(dtype))
+    except (RuntimeError, NotImplementedError):  # no CPU kernel for this dtype: draw again
+        assume(False)
+    assert (fc.total.flops, fc.total.macs) == (reference.flops, reference.macs)
+    scale = size_of(dtype) / 4
+    assert fc.total.bytes_read == reference.bytes_read * scale
+    assert fc.total.bytes_written == reference.bytes_written * scale
+    assert fc.unsupported_ops() == {} and fc.estimated_ops() == {}
+
+
+@given(reduction_cases())
+def test_reduction_out_variant_prices_the_same(case):
+    """sum(out=) and mean(out=): the same flops as the functional call; the out tensor is
+    written, not read."""
+    shape, dims, keepdim = case
+    x = torch.randn(shape)
+    for name in ("sum", "mean"):
+        plain = ours(getattr(torch, name), x, dims, keepdim).total
+        out = torch.empty(0)
+        with_out = ours(lambda: getattr(torch, name)(x, dims, keepdim, out=out)).total
+        assert (with_out.flops, with_out.bytes_read, with_out.bytes_written) == (
+            plain.flops, plain.bytes_read, plain.bytes_written)
