@@ -56,16 +56,15 @@ def _listed(ops: dict) -> str:
 
 
 def coverage_line(coverage) -> str:
-    def pct(share: float) -> str:
-        return f"{100.0 * share:.1f}%"
+    """One line: each category's share of calls / of bytes moved."""
 
-    parts = []
-    for by, label in (("calls", "of calls"), ("bytes", "of bytes moved")):
-        parts.append(
-            f"{pct(coverage.priced_exactly(by))} {label} priced exactly "
-            f"(formula {pct(coverage.share(EXACT, by))}, "
-            f"no arithmetic {pct(coverage.share(NO_ARITHMETIC, by))}), "
-            f"estimated {pct(coverage.share(ESTIMATED, by))}, "
-            f"unsupported {pct(coverage.share(UNSUPPORTED, by))}"
-        )
-    return "Coverage: " + "; ".join(parts)
+    def pair(share) -> str:
+        return " / ".join(f"{100.0 * share(by):.1f}%" for by in ("calls", "bytes"))
+
+    return (
+        f"Coverage (calls / bytes moved): priced exactly {pair(coverage.priced_exactly)} "
+        f"(formula {pair(lambda by: coverage.share(EXACT, by))}, "
+        f"no arithmetic {pair(lambda by: coverage.share(NO_ARITHMETIC, by))}), "
+        f"estimated {pair(lambda by: coverage.share(ESTIMATED, by))}, "
+        f"unsupported {pair(lambda by: coverage.share(UNSUPPORTED, by))}"
+    )
