@@ -4,7 +4,6 @@ float dtypes, naive loops on tiny shapes, and the same op spelt another way."""
 import itertools
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, strategies as st
