@@ -2,7 +2,6 @@
 their slow paths, CPU recurrent layers against a loop of cells, fused optimizer steps against
 the foreach and single-tensor loops."""
 
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
