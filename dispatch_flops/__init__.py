@@ -10,7 +10,22 @@ from dispatch_flops.formulas import Cost, has_formula, register_formula
 
 from ._format import human
 from ._profile import profile
-from ._results import BACKWARD, FORWARD, ROOT, ModuleStats, OpRecord, Stats
+from ._results import (
+    BACKWARD,
+    ESTIMATED,
+    EXACT,
+    FORWARD,
+    NO_ARITHMETIC,
+    OPTIMIZER,
+    PHASES,
+    RECOMPUTE,
+    ROOT,
+    UNSUPPORTED,
+    Coverage,
+    ModuleStats,
+    OpRecord,
+    Stats,
+)
 from ._roofline import COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline, device_spec
 from .counter import FlopCounter
 
@@ -20,16 +35,24 @@ __all__ = [
     "BACKWARD",
     "COMPUTE_BOUND",
     "Cost",
+    "Coverage",
     "DEVICES",
     "DeviceSpec",
+    "ESTIMATED",
+    "EXACT",
     "FORWARD",
     "FlopCounter",
     "MEMORY_BOUND",
     "ModuleStats",
+    "NO_ARITHMETIC",
+    "OPTIMIZER",
     "OpRecord",
+    "PHASES",
+    "RECOMPUTE",
     "ROOT",
     "Roofline",
     "Stats",
+    "UNSUPPORTED",
     "device_spec",
     "has_formula",
     "human",

@@ -54,12 +54,12 @@ def _bytes(values) -> int:
 
 
 def _key(v):
-    """A hashable stand-in for one argument as a formula sees it: a tensor becomes its shape,
-    a list or tuple a tuple (of shapes, for tensors). Never holds a tensor."""
+    """A hashable stand-in for one argument as a formula sees it: a tensor becomes its shape
+    and dtype, a list or tuple a tuple (of those, for tensors). Never holds a tensor."""
     if isinstance(v, Tensor):
-        return v.shape
+        return (v.shape, v.dtype)
     if v.__class__ is list or v.__class__ is tuple:
-        return tuple([x.shape if isinstance(x, Tensor) else x for x in v])
+        return tuple([(x.shape, x.dtype) if isinstance(x, Tensor) else x for x in v])
     return v
 
 
@@ -72,13 +72,21 @@ def _shape(v):
     return v
 
 
-def formula_call(args, kwargs, out) -> tuple:
-    """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``)."""
-    return (
-        [_shape(a) for a in args],
-        _shape(out),
-        {k: _shape(v) for k, v in kwargs.items()} if kwargs else {},
-    )
+def _dtype(v):
+    if isinstance(v, Tensor):
+        return v.dtype
+    if v.__class__ is list or v.__class__ is tuple:
+        return [x.dtype if isinstance(x, Tensor) else None for x in v]
+    return None
+
+
+def formula_call(args, kwargs, out, with_dtypes: bool) -> tuple:
+    """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``);
+    ``dtypes`` (one per argument) joins the kwargs of formulas that declare it."""
+    kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
+    if with_dtypes:
+        kw["dtypes"] = [_dtype(a) for a in args]
+    return [_shape(a) for a in args], _shape(out), kw
 
 
 # A signature's formula arguments, shared by every counter: models repeat shapes across layers
@@ -89,13 +97,21 @@ _FORMULA_CALLS_CAP = 100_000
 
 
 class _Resolved:
-    __slots__ = ("func", "kind", "formula", "write_only", "out_in_signature")
+    __slots__ = ("func", "kind", "formula", "with_dtypes", "write_only", "mutated",
+                 "out_in_signature")
 
-    def __init__(self, func, kind, formula, write_only, out_in_signature):
+    def __init__(self, func, kind, formula, with_dtypes, write_only, out_in_signature):
         self.func = func
         self.kind = kind
         self.formula = formula
+        self.with_dtypes = with_dtypes  # the formula declares ``dtypes``
         self.write_only = write_only
+        # positions of the arguments an op that returns nothing writes (``_foreach_add_``,
+        # ``_fused_adamw_``): what it writes is what it mutates
+        self.mutated = tuple(
+            i for i, a in enumerate(func._schema.arguments)
+            if not a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+        ) if not func._schema.returns else ()
         # the output's shape is not a function of the inputs' (nonzero, masked_select), or
         # the op is the user's and we cannot know: then it is part of the signature
         self.out_in_signature = out_in_signature
@@ -146,12 +162,12 @@ class CountingMode(TorchDispatchMode):
         return self.resolved[key].formula(*args, out_shape=out_shape, **kwargs)
 
     @staticmethod
-    def _formula_call(sig: tuple, args, kwargs, out) -> tuple:
+    def _formula_call(sig: tuple, resolved: _Resolved, args, kwargs, out) -> tuple:
         call = _FORMULA_CALLS.get(sig)
         if call is None:
             if len(_FORMULA_CALLS) >= _FORMULA_CALLS_CAP:
                 _FORMULA_CALLS.clear()  # open counters keep their own (``self.calls``)
-            call = _FORMULA_CALLS[sig] = formula_call(args, kwargs, out)
+            call = _FORMULA_CALLS[sig] = formula_call(args, kwargs, out, resolved.with_dtypes)
         return call
 
     def category(self, func) -> Category:
@@ -164,10 +180,13 @@ class CountingMode(TorchDispatchMode):
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
         formula = entry.formula
-        if entry.category is Category.FORMULA:
+        with_dtypes = False
+        if entry.category is Category.FORMULA or entry.category is Category.ESTIMATED:
             kind = FORMULA
-            if "causal_unmasked_only" in inspect.signature(formula).parameters:
+            parameters = inspect.signature(formula).parameters
+            if "causal_unmasked_only" in parameters:
                 formula = partial(formula, causal_unmasked_only=self.causal_unmasked_only)
+            with_dtypes = "dtypes" in parameters
         elif entry.category is Category.NO_ARITHMETIC:
             kind = _MOVEMENT_KIND[entry.movement]
         else:
@@ -181,7 +200,7 @@ class CountingMode(TorchDispatchMode):
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
         resolved = self.resolved[id(func)] = _Resolved(
-            func, kind, formula, write_only, out_in_signature
+            func, kind, formula, with_dtypes, write_only, out_in_signature
         )
         return resolved
 
@@ -222,6 +241,7 @@ class CountingMode(TorchDispatchMode):
             for a in args:
                 if isinstance(a, Tensor):
                     sig.append(a.shape)
+                    sig.append(a.dtype)  # formulas may price by dtype (complex: real flops)
                     read += a.nbytes if a.is_contiguous() else real_bytes(a)
                 elif a.__class__ is list or a.__class__ is tuple:
                     sig.append(_key(a))
@@ -240,12 +260,12 @@ class CountingMode(TorchDispatchMode):
                 if rec is None:
                     rec = acc[sig] = [0, 0, 0, 0, 0, 0]
                     if sig not in self.calls:
-                        self.calls[sig] = self._formula_call(sig, args, kwargs, out)
+                        self.calls[sig] = self._formula_call(sig, resolved, args, kwargs, out)
             except TypeError:  # unhashable (symbolic) sizes: price now, under the op key
                 rec = acc.get(key)
                 if rec is None:
                     rec = acc[key] = [0, 0, 0, 0, 0, 0]
-                cost = self._price(key, formula_call(args, kwargs, out))
+                cost = self._price(key, formula_call(args, kwargs, out, resolved.with_dtypes))
                 rec[1] += cost.flops
                 rec[2] += cost.macs
             rec[0] += 1
@@ -271,6 +291,8 @@ class CountingMode(TorchDispatchMode):
                 rec[4] += out.nbytes if out.is_contiguous() else real_bytes(out)
             elif out.__class__ is list or out.__class__ is tuple:
                 rec[4] += _bytes(out)
+            elif out is None and resolved.mutated:
+                rec[4] += _bytes([args[i] for i in resolved.mutated if i < len(args)])
         if runner is not None:
             runner.add(rec, 5, elapsed)
         return out

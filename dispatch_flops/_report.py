@@ -5,7 +5,8 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ._format import duration, human
-from ._results import BACKWARD, FORWARD, OPTIMIZER, PHASES, RECOMPUTE, ROOT
+from ._results import (BACKWARD, ESTIMATED, EXACT, FORWARD, NO_ARITHMETIC, OPTIMIZER, PHASES,
+                       RECOMPUTE, ROOT, UNSUPPORTED)
 
 _PHASE_HEADERS = {FORWARD: "Fwd FLOPs", BACKWARD: "Bwd FLOPs", OPTIMIZER: "Opt FLOPs",
                   RECOMPUTE: "Recompute FLOPs"}
@@ -54,7 +55,8 @@ def module_table(counter, depth: int = 2) -> str:
                     human(m.flops / latency, "FLOPS") if latency else "-"]
         rows.append(row)
     align = ("left",) + ("right",) * (len(headers) - 1)
-    lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align)]
+    lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align),
+             coverage_line(counter.coverage())]
     if any(by_phase[p].calls for p in (OPTIMIZER, RECOMPUTE)):
         lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
@@ -62,10 +64,31 @@ def module_table(counter, depth: int = 2) -> str:
         top = counter.top_ops_by_time(5)
         listed = ", ".join(f"{op} {duration(stats.latency_s or 0.0)}" for op, stats in top)
         lines.append(f"Top ops by time: {listed}")
+    estimated = counter.estimated_ops()
+    if estimated:
+        lines.append(f"Estimated ops (flops from the op's tag family): {_listed(estimated)}")
     unsupported = counter.unsupported_ops()
     if unsupported:
-        listed = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
-        lines.append(f"Unsupported ops (bytes counted, flops unknown): {listed}")
+        lines.append(f"Unsupported ops (bytes counted, flops unknown): {_listed(unsupported)}")
     else:
         lines.append("Unsupported ops: none")
     return "\n".join(lines)
+
+
+def _listed(ops: dict) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+
+
+def coverage_line(coverage) -> str:
+    """One line: each category's share of calls / of bytes moved."""
+
+    def pair(share) -> str:
+        return " / ".join(f"{100.0 * share(by):.1f}%" for by in ("calls", "bytes"))
+
+    return (
+        f"Coverage (calls / bytes moved): priced exactly {pair(coverage.priced_exactly)} "
+        f"(formula {pair(lambda by: coverage.share(EXACT, by))}, "
+        f"no arithmetic {pair(lambda by: coverage.share(NO_ARITHMETIC, by))}), "
+        f"estimated {pair(lambda by: coverage.share(ESTIMATED, by))}, "
+        f"unsupported {pair(lambda by: coverage.share(UNSUPPORTED, by))}"
+    )

@@ -16,7 +16,9 @@ MODEL_PHASES = (FORWARD, BACKWARD)  # model flops: what the model needs, once
 
 EXACT = "exact"  # priced by a formula
 NO_ARITHMETIC = "no_arithmetic"  # declared to do no arithmetic (views, copies, allocation)
+ESTIMATED = "estimated"  # no formula; priced by the family its tag names, flagged
 UNSUPPORTED = "unsupported"  # no formula: bytes counted, flops unknown
+CATEGORIES = (EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED)
 
 
 def _add_latency(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -132,13 +134,56 @@ class OpRecord:
     phase: str
     operator: str  # packet name, e.g. "aten.mm"
     overload: str  # e.g. "aten.mm.default"
-    category: str  # EXACT, NO_ARITHMETIC or UNSUPPORTED
+    category: str  # EXACT, NO_ARITHMETIC, ESTIMATED or UNSUPPORTED
     stats: Stats
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stack"] = list(self.stack)
         return d
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How the run's op calls were priced, counted by calls and by bytes moved (read +
+    written). Both mappings have one key per category: ``EXACT`` (a formula),
+    ``NO_ARITHMETIC`` (declared to do none: exactly priced at 0 flops), ``ESTIMATED`` and
+    ``UNSUPPORTED``.
+
+    >>> with FlopCounter(model) as fc:
+    ...     model(x)
+    >>> fc.coverage().priced_exactly("calls"), fc.coverage().share(UNSUPPORTED, "bytes")
+    """
+
+    calls: Mapping[str, int]
+    bytes_moved: Mapping[str, int]
+
+    def _counts(self, by: str) -> Mapping[str, int]:
+        if by == "calls":
+            return self.calls
+        if by == "bytes":
+            return self.bytes_moved
+        raise ValueError(f"by must be 'calls' or 'bytes', got {by!r}")
+
+    def share(self, category: str, by: str = "calls") -> float:
+        """The fraction (0..1) of calls or bytes in ``category``; 0.0 for an empty run."""
+        if category not in CATEGORIES:
+            raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
+        counts = self._counts(by)
+        whole = sum(counts.values())
+        return counts[category] / whole if whole else 0.0
+
+    def priced_exactly(self, by: str = "calls") -> float:
+        """Share priced without estimate: by a formula or declared to do no arithmetic."""
+        return self.share(EXACT, by) + self.share(NO_ARITHMETIC, by)
+
+    def to_dict(self) -> dict:
+        return {
+            "calls": dict(self.calls),
+            "bytes_moved": dict(self.bytes_moved),
+            "share_by_calls": {c: self.share(c, "calls") for c in CATEGORIES},
+            "share_by_bytes": {c: self.share(c, "bytes") for c in CATEGORIES},
+        }
 
 
 def frozen_mapping(d: dict) -> Mapping:

@@ -17,6 +17,8 @@ from ._mode import CountingMode
 from ._report import module_table
 from ._results import (
     BACKWARD,
+    CATEGORIES,
+    ESTIMATED,
     EXACT,
     FORWARD,
     MODEL_PHASES,
@@ -24,6 +26,7 @@ from ._results import (
     PHASES,
     ROOT,
     UNSUPPORTED,
+    Coverage,
     ModuleStats,
     OpRecord,
     Stats,
@@ -37,6 +40,7 @@ ATTENTION_MODES = ("dense", "causal")
 _CATEGORY_NAME = {
     Category.FORMULA: EXACT,
     Category.NO_ARITHMETIC: NO_ARITHMETIC,
+    Category.ESTIMATED: ESTIMATED,
     Category.UNSUPPORTED: UNSUPPORTED,
 }
 
@@ -313,13 +317,32 @@ class FlopCounter:
         order = {name: i for i, name in enumerate(self.module_names())}
         return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
-    def unsupported_ops(self) -> dict[str, int]:
-        """``{"aten.foo": calls}`` for ops with no formula and not declared zero-work."""
+    def _calls_in(self, category: str) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
         for r in self.records():
-            if r.category == UNSUPPORTED:
+            if r.category == category:
                 out[r.operator] += r.stats.calls
         return dict(out)
+
+    def unsupported_ops(self) -> dict[str, int]:
+        """``{"aten.foo": calls}`` for ops with no formula, no estimate, not declared zero-work:
+        their bytes are counted, their flops are unknown."""
+        return self._calls_in(UNSUPPORTED)
+
+    def estimated_ops(self) -> dict[str, int]:
+        """``{"aten.foo": calls}`` for ops priced by the family estimate of their tag
+        (``torch.Tag.pointwise``: one flop per output element), not by a formula."""
+        return self._calls_in(ESTIMATED)
+
+    def coverage(self) -> Coverage:
+        """Shares of the run's op calls, and of its bytes moved, priced by a formula, declared
+        to do no arithmetic, estimated, or unknown."""
+        calls = dict.fromkeys(CATEGORIES, 0)
+        moved = dict.fromkeys(CATEGORIES, 0)
+        for r in self.records():
+            calls[r.category] += r.stats.calls
+            moved[r.category] += r.stats.bytes_read + r.stats.bytes_written
+        return Coverage(frozen_mapping(calls), frozen_mapping(moved))
 
     # -- timing views ---------------------------------------------------------------------
     def _require_timing(self, what: str) -> None:
@@ -412,5 +435,7 @@ class FlopCounter:
             "by_module": {n: m.to_dict() for n, m in self.by_module().items()},
             "by_operator": {op: s.to_dict() for op, s in self.by_operator().items()},
             "unsupported_ops": self.unsupported_ops(),
+            "estimated_ops": self.estimated_ops(),
+            "coverage": self.coverage().to_dict(),
             "records": [r.to_dict() for r in self.records()],
         }

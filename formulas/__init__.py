@@ -16,7 +16,25 @@ from ._registry import (
     register_formula,
 )
 from .costs import ELEMENT_COSTS
-from . import attention, conv, matmul, no_arithmetic, norms  # noqa: F401  (registers)
+from . import (  # noqa: F401  (registers)
+    attention,
+    conv,
+    distance,
+    fft,
+    fused,
+    indexing,
+    losses,
+    matmul,
+    no_arithmetic,
+    norms,
+    optimizers,
+    pointwise,
+    pooling,
+    random,
+    recurrent,
+    reductions,
+)
+from . import estimates  # noqa: F401  (last: the tag fallbacks)
 
 __all__ = [
     "Category",

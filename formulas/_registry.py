@@ -6,15 +6,32 @@ The formula contract, stated once:
 
 ``args``/``kwargs`` are the op's own arguments with every ``Tensor`` replaced by its shape
 (a ``torch.Size``; lists of tensors become lists of shapes). ``out_shape`` has the structure
-of the op's output with the same replacement. A formula is plain arithmetic: it never sees
-tensor values, devices or globals. 1 MAC = 2 flops; ``macs`` counts multiply-accumulates only.
+of the op's output with the same replacement (``None`` for ops that return nothing, such as
+the in-place ``_foreach_*_`` ops). A formula is plain arithmetic: it never sees tensor values,
+devices or globals. 1 MAC = 2 flops; ``macs`` counts multiply-accumulates only.
 
-An op falls in exactly one of three categories, kept apart everywhere:
+Two keyword parameters are opt-in: the engine passes them only to a formula whose signature
+names them.
+
+* ``dtypes``: a list parallel to the positional ``args``: the ``torch.dtype`` of a tensor, a
+  list of dtypes for a tensor list, ``None`` for anything else. For formulas whose count
+  depends on the dtype: complex-valued ops count real flops (a complex multiply is 6), and
+  indexing tells a boolean mask from integer indices. Formulas that do not name it never
+  pay for it.
+* ``causal_unmasked_only``: the counter's ``attention="causal"`` option (attention formulas).
+
+An op falls in exactly one of four categories, kept apart everywhere:
 
 * it has a formula (``FORMULA``);
-* it does no arithmetic (``NO_ARITHMETIC``): views, metadata, copies, allocation; whether it
-  moves bytes is part of its declaration (see ``Movement``);
+* it does no arithmetic (``NO_ARITHMETIC``): views, metadata, copies, allocation, indexing;
+  whether it moves bytes is part of its declaration (see ``Movement``);
+* it has no formula, but a tag it carries (``torch.Tag.pointwise``, ``torch.Tag.reduction``)
+  gives a sound family estimate (``ESTIMATED``): priced, and flagged as an estimate in every
+  report;
 * it is unknown (``UNSUPPORTED``): reported, never silently priced as zero.
+
+The one lookup (``Registry.lookup``): overload override, then packet, then tag estimate, then
+unsupported. A registered formula always wins over an estimate.
 """
 
 from __future__ import annotations
@@ -43,6 +60,7 @@ OpLike = Union[OpOverload, OpOverloadPacket]
 class Category(enum.Enum):
     FORMULA = "formula"
     NO_ARITHMETIC = "no_arithmetic"
+    ESTIMATED = "estimated"
     UNSUPPORTED = "unsupported"
 
 
@@ -95,6 +113,7 @@ class Registry:
     def __init__(self) -> None:
         self._packets: dict[OpOverloadPacket, Entry] = {}
         self._overloads: dict[OpOverload, Entry] = {}
+        self._tag_estimates: dict[torch.Tag, Entry] = {}  # in registration order
         # for callers that cache what they derive from lookups; emptied on every change
         self.lookup_cache: dict = {}
 
@@ -130,17 +149,40 @@ class Registry:
         """Declare ``ops`` as doing no arithmetic, moving memory as ``movement`` says."""
         self._put(self._normalise(ops), Entry(Category.NO_ARITHMETIC, movement=movement), override)
 
+    def estimate(self, tag: torch.Tag, fn: Formula, *, override: bool = False) -> None:
+        """Price ops that carry ``tag`` and have no formula with ``fn``, flagged as estimated.
+        The first registered tag an op carries wins."""
+        if not isinstance(tag, torch.Tag):
+            raise TypeError(f"expected a torch.Tag (torch.Tag.pointwise), got {tag!r}")
+        if tag in self._tag_estimates and not override:
+            raise ValueError(f"{tag} already has an estimate; pass override=True to replace it")
+        self._tag_estimates[tag] = Entry(Category.ESTIMATED, fn)
+        self.lookup_cache.clear()
+
     def lookup(self, op: OpOverload) -> Entry:
-        """The one lookup: overload override, then packet, then unsupported."""
+        """The one lookup: overload override, then packet, then tag estimate, then unsupported."""
         entry = self._overloads.get(op)
         if entry is None:
-            entry = self._packets.get(op.overloadpacket, UNSUPPORTED_ENTRY)
+            entry = self._packets.get(op.overloadpacket)
+            if entry is None:
+                entry = self._estimate(op)
         return entry
 
+    def _estimate(self, op: OpOverload) -> Entry:
+        if self._tag_estimates:
+            tags = op.tags
+            for tag, entry in self._tag_estimates.items():
+                if tag in tags:
+                    return entry
+        return UNSUPPORTED_ENTRY
+
     def has(self, op: OpLike) -> bool:
+        """Whether ``op`` is classified: a formula or declared no-arithmetic. Estimates do not
+        count: they are a fallback, not a classification."""
         op = _as_op(op)
         if isinstance(op, OpOverload):
-            return self.lookup(op).category is not Category.UNSUPPORTED
+            category = self.lookup(op).category
+            return category is Category.FORMULA or category is Category.NO_ARITHMETIC
         if op in self._packets:
             return True
         return any(o.overloadpacket is op for o in self._overloads)

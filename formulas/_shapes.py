@@ -5,6 +5,42 @@ from __future__ import annotations
 from math import prod
 from typing import Sequence
 
+import torch
+
 
 def numel(shape: Sequence[int]) -> int:
     return prod(shape)
+
+
+def first_numel(out_shape) -> int:
+    """Elements of an op's (first) output: ops returning a tuple report their first tensor."""
+    if isinstance(out_shape, torch.Size):
+        return prod(out_shape)
+    if isinstance(out_shape, (list, tuple)) and out_shape and isinstance(out_shape[0], torch.Size):
+        return prod(out_shape[0])
+    return 0
+
+
+def list_numel(shapes) -> int:
+    """Elements of a tensor list (``Tensor[]`` arguments arrive as lists of shapes)."""
+    return sum(prod(s) for s in shapes if isinstance(s, torch.Size))
+
+
+def is_complex(dtypes) -> bool:
+    """Whether any tensor argument is complex (``dtypes`` as the formula contract gives it)."""
+    for d in dtypes:
+        if isinstance(d, list):
+            if any(x is not None and x.is_complex for x in d):
+                return True
+        elif d is not None and d.is_complex:
+            return True
+    return False
+
+
+def dims(dim, ndim: int) -> list[int]:
+    """A reduction's ``dim`` argument as a list of non-negative dims (None or [] = all)."""
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    return [d % ndim if ndim else 0 for d in dim]

@@ -37,3 +37,19 @@ def convolution_backward(
     # grad_bias is a sum over grad_out (one add per element).
     macs = conv_macs(x, w, grad_out, transposed) * (int(output_mask[0]) + int(output_mask[1]))
     return Cost(2 * macs + (numel(grad_out) if output_mask[2] else 0), macs)
+
+
+# composite entry points (reach the mode undecomposed under inference_mode); they price what
+# their no_grad decomposition, one `convolution`, is priced at
+
+
+@register_formula([aten.conv1d, aten.conv2d, aten.conv3d])
+def conv_composite(x, w, bias=None, *args, out_shape, **kw) -> Cost:
+    macs = conv_macs(x, w, out_shape, transposed=False)
+    return Cost(2 * macs + (numel(out_shape) if bias is not None else 0), macs)
+
+
+@register_formula([aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d])
+def conv_transpose_composite(x, w, bias=None, *args, out_shape, **kw) -> Cost:
+    macs = conv_macs(x, w, out_shape, transposed=True)
+    return Cost(2 * macs + (numel(out_shape) if bias is not None else 0), macs)

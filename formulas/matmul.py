@@ -1,6 +1,8 @@
 """Matrix-multiply family: mm, addmm, bmm, baddbmm, addbmm, grouped, scaled, linear, matmul, einsum.
 
-Bias/``self`` additions are flops (one per output element), never MACs.
+Bias/``self`` additions are flops (one per output element), never MACs. Complex operands count
+real work: a complex multiply-accumulate is ``ELEMENT_COSTS["complex_mac"]`` (4) real ones, a
+complex bias add two real adds.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from math import prod
 import torch
 
 from ._registry import Cost, register_formula
-from ._shapes import numel
+from ._shapes import is_complex, numel
+from .costs import ELEMENT_COSTS
 
 aten = torch.ops.aten
 
@@ -28,37 +31,40 @@ def matmul_macs(a_shape, b_shape) -> int:
     return prod(batch) * m * k * n
 
 
-def _with_bias(macs: int, added_elements: int) -> Cost:
+def _with_bias(macs: int, added_elements: int, dtypes=None) -> Cost:
+    if dtypes is not None and is_complex(dtypes):
+        macs *= ELEMENT_COSTS["complex_mac"]
+        added_elements *= ELEMENT_COSTS["complex_add"]
     return Cost(2 * macs + added_elements, macs)
 
 
 @register_formula([aten.mm, aten._int_mm, aten._scaled_mm])
-def mm(a, b, *args, out_shape, **kwargs) -> Cost:
+def mm(a, b, *args, out_shape, dtypes=None, **kwargs) -> Cost:
     # a: [m, k], b: [k, n]; _scaled_mm's optional bias adds one flop per output element
     bias = kwargs.get("bias", args[2] if len(args) > 2 else None)
-    return _with_bias(a[0] * a[1] * b[1], numel(out_shape) if bias is not None else 0)
+    return _with_bias(a[0] * a[1] * b[1], numel(out_shape) if bias is not None else 0, dtypes)
 
 
 @register_formula(aten.addmm)
-def addmm(bias, a, b, *, out_shape, **kwargs) -> Cost:
-    return _with_bias(a[0] * a[1] * b[1], numel(out_shape))
+def addmm(bias, a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
+    return _with_bias(a[0] * a[1] * b[1], numel(out_shape), dtypes)
 
 
 @register_formula(aten.bmm)
-def bmm(a, b, *, out_shape, **kwargs) -> Cost:
+def bmm(a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
     # a: [batch, m, k], b: [batch, k, n]
-    return Cost(2 * a[0] * a[1] * a[2] * b[2], a[0] * a[1] * a[2] * b[2])
+    return _with_bias(a[0] * a[1] * a[2] * b[2], 0, dtypes)
 
 
 @register_formula(aten.baddbmm)
-def baddbmm(bias, a, b, *, out_shape, **kwargs) -> Cost:
-    return _with_bias(a[0] * a[1] * a[2] * b[2], numel(out_shape))
+def baddbmm(bias, a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
+    return _with_bias(a[0] * a[1] * a[2] * b[2], numel(out_shape), dtypes)
 
 
 @register_formula(aten.addbmm)
-def addbmm(bias, a, b, *, out_shape, **kwargs) -> Cost:
+def addbmm(bias, a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
     # out = bias + sum_b a[b] @ b[b]: the batch sum is part of the MAC chain
-    return _with_bias(a[0] * a[1] * a[2] * b[2], numel(out_shape))
+    return _with_bias(a[0] * a[1] * a[2] * b[2], numel(out_shape), dtypes)
 
 
 @register_formula([aten._grouped_mm, aten._scaled_grouped_mm])
@@ -75,35 +81,32 @@ def grouped_mm(a, b, *args, out_shape, **kwargs) -> Cost:
 
 
 @register_formula([aten.mv, aten.dot, aten.vdot])
-def mv(a, b, *args, out_shape, **kwargs) -> Cost:
+def mv(a, b, *args, out_shape, dtypes=None, **kwargs) -> Cost:
     # mv: a [m, k], b [k]; dot: a [k], b [k]
-    macs = numel(a)
-    return Cost(2 * macs, macs)
+    return _with_bias(numel(a), 0, dtypes)
 
 
 @register_formula(aten.addmv)
-def addmv(bias, a, b, *, out_shape, **kwargs) -> Cost:
-    return _with_bias(numel(a), numel(out_shape))
+def addmv(bias, a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
+    return _with_bias(numel(a), numel(out_shape), dtypes)
 
 
 @register_formula(aten.addr)
-def addr(bias, u, v, *, out_shape, **kwargs) -> Cost:
+def addr(bias, u, v, *, out_shape, dtypes=None, **kwargs) -> Cost:
     # out = bias + outer(u, v): one multiply-accumulate per output element
-    macs = numel(out_shape)
-    return Cost(2 * macs, macs)
+    return _with_bias(numel(out_shape), 0, dtypes)
 
 
 @register_formula(aten.linear)
-def linear(x, weight, bias=None, *, out_shape, **kwargs) -> Cost:
+def linear(x, weight, bias=None, *, out_shape, dtypes=None, **kwargs) -> Cost:
     # x: [..., in], weight: [out, in]; reaches the mode under inference_mode
     macs = numel(out_shape) * weight[-1]
-    return _with_bias(macs, numel(out_shape) if bias is not None else 0)
+    return _with_bias(macs, numel(out_shape) if bias is not None else 0, dtypes)
 
 
 @register_formula(aten.matmul)
-def matmul(a, b, *, out_shape, **kwargs) -> Cost:
-    macs = matmul_macs(a, b)
-    return Cost(2 * macs, macs)
+def matmul(a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
+    return _with_bias(matmul_macs(a, b), 0, dtypes)
 
 
 def _einsum_macs(equation: str, shapes) -> int:
@@ -133,6 +136,5 @@ def _einsum_macs(equation: str, shapes) -> int:
 
 
 @register_formula(aten.einsum)
-def einsum(equation, operands, *args, out_shape, **kwargs) -> Cost:
-    macs = _einsum_macs(equation, operands)
-    return Cost(2 * macs, macs)
+def einsum(equation, operands, *args, out_shape, dtypes=None, **kwargs) -> Cost:
+    return _with_bias(_einsum_macs(equation, operands), 0, dtypes)

@@ -1,8 +1,14 @@
 """The one table of ops that do no arithmetic, each with how it touches memory.
 
 NONE: views, reshapes, metadata and uninitialised allocation move no bytes.
-COPY: reads its tensor inputs, writes its outputs (clone, cat, dtype/device copies).
+COPY: reads its tensor inputs, writes its outputs (clone, cat, dtype/device copies, padding,
+      flips, and the gathers and scatters of indexing: ``embedding``, ``gather``, ``index``).
+      An indexing op is counted as reading its whole source: the counter does not see which
+      rows the indices select, so for ``embedding`` this is an upper bound.
 WRITE: writes its outputs and reads nothing (zeros, ones, fill_).
+
+Indexing that accumulates (``index_put`` with ``accumulate=True``, ``scatter_add``,
+``index_add``) does arithmetic and is priced in ``indexing.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ VIEW_OPS = _ops(
     unflatten flatten view_as diagonal movedim detach lift_fresh unfold real imag view_as_real
     view_as_complex _conj _neg_view resolve_conj resolve_neg indices values crow_indices
     col_indices _indices _values numpy_T mT mH matrix_H adjoint tensor_split hsplit vsplit
-    swapaxes swapdims
+    swapaxes swapdims unsafe_split unsafe_split_with_sizes unsafe_chunk detach_ transpose_ t_
+    squeeze_ unsqueeze_ as_strided_ swapaxes_ swapdims_ broadcast_tensors broadcast_to positive
+    conj atleast_1d atleast_2d atleast_3d ravel dsplit requires_grad_ retain_grad _fw_primal
+    _make_dual _unpack_dual reshape_as align_to rename rename_ refine_names
     """
 )
 METADATA_OPS = _ops(
@@ -38,9 +47,17 @@ METADATA_OPS = _ops(
     sym_size sym_stride sym_numel sym_storage_offset size stride numel dim is_contiguous
     is_same_size is_nonzero _local_scalar_dense item _has_compatible_shallow_copy_type
     is_complex is_floating_point is_conj is_neg _nested_tensor_size set_ resize_ resize_as_
-    _resize_output_ record_stream
+    _resize_output_ record_stream _assert_async _assert_scalar _functional_assert_async
+    _functional_assert_scalar sym_constrain_range sym_constrain_range_for_size is_pinned
+    is_inference is_set_to is_signed is_distributed _version output_nr sym_is_contiguous
     """
 )
+# torch.profiler.record_function, which the optimizers' step() opens: bookkeeping only
+PROFILER_OPS = [
+    op for op in (getattr(torch.ops.profiler, name, None) for name in (
+        "_record_function_enter", "_record_function_enter_new", "_record_function_exit"))
+    if op is not None
+]
 ALLOCATION_OPS = _ops(
     """
     empty empty_like empty_strided new_empty new_empty_strided empty_permuted
@@ -52,15 +69,39 @@ COPY_OPS = _ops(
     lift lift_fresh_copy detach_copy view_copy t_copy transpose_copy permute_copy expand_copy
     unsqueeze_copy squeeze_copy slice_copy select_copy alias_copy as_strided_copy
     _unsafe_view_copy unbind_copy split_copy split_with_sizes_copy diagonal_copy
+    _reshape_copy narrow_copy unfold_copy _to_dense to_dense _pin_memory _foreach_copy
+    _foreach_copy_ _chunk_cat block_diag diag diag_embed diagflat complex column_stack hstack
+    vstack dstack type_as
+    """
+)
+# indexing: gathers and scatters that only move data
+INDEXING_OPS = _ops(
+    """
+    embedding gather index index_select masked_select take take_along_dim _unsafe_index
+    index_copy index_copy_ index_fill index_fill_ masked_scatter masked_scatter_ select_scatter
+    slice_scatter diagonal_scatter as_strided_scatter max_unpool2d max_unpool3d
+    slice_backward select_backward diagonal_backward _unsafe_masked_index
+    """
+)
+# layout: padding, flips, repeats, triangles, pixel shuffles, nearest upsampling, unfold
+LAYOUT_OPS = _ops(
+    """
+    flip fliplr flipud roll rot90 repeat repeat_interleave tile constant_pad_nd pad
+    reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d
+    replication_pad3d _pad_circular _pad_enum tril triu tril_ triu_ pixel_shuffle
+    pixel_unshuffle channel_shuffle native_channel_shuffle im2col upsample_nearest1d
+    upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d
+    _upsample_nearest_exact3d
     """
 )
 WRITE_OPS = _ops(
     """
     zeros zeros_like ones ones_like full full_like fill fill_ zero_ new_zeros new_ones new_full
-    scalar_tensor arange linspace logspace eye
+    scalar_tensor arange linspace logspace eye _foreach_zero_ _efficientzerotensor tril_indices
+    triu_indices fill_diagonal_ _cudnn_init_dropout_state
     """
 )
 
-REGISTRY.no_arithmetic(VIEW_OPS + METADATA_OPS + ALLOCATION_OPS, Movement.NONE)
-REGISTRY.no_arithmetic(COPY_OPS, Movement.COPY)
+REGISTRY.no_arithmetic(VIEW_OPS + METADATA_OPS + ALLOCATION_OPS + PROFILER_OPS, Movement.NONE)
+REGISTRY.no_arithmetic(COPY_OPS + INDEXING_OPS + LAYOUT_OPS, Movement.COPY)
 REGISTRY.no_arithmetic(WRITE_OPS, Movement.WRITE)

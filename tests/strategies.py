@@ -38,3 +38,57 @@ def attention_shapes(draw):
     return (draw(st.integers(1, 2)), h_kv * draw(st.integers(1, 3)), h_kv,
             draw(st.integers(1, 9)), draw(st.integers(1, 9)), draw(st.integers(1, 8)),
             draw(st.integers(1, 8)))
+
+
+# ---- families (issue 3) ----------------------------------------------------------------------
+import torch  # noqa: E402
+from hypothesis.extra.numpy import mutually_broadcastable_shapes  # noqa: E402
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+float_dtypes = st.sampled_from(FLOAT_DTYPES)
+
+
+@st.composite
+def broadcast_operands(draw, num_shapes=2):
+    """Shapes that broadcast together (zero-size dims included) and the broadcast result."""
+    shapes = draw(mutually_broadcastable_shapes(num_shapes=num_shapes, min_dims=0, max_dims=3,
+                                                min_side=0, max_side=4))
+    return [torch.Size(s) for s in shapes.input_shapes], torch.Size(shapes.result_shape)
+
+
+@st.composite
+def maybe_expanded(draw, shape, dtype):
+    """A tensor of `shape`, sometimes an expanded (stride-0) view of a smaller one; returns it
+    with the number of elements it really stores."""
+    if draw(st.booleans()) and len(shape):
+        stored = [1 if draw(st.booleans()) else s for s in shape]
+        base = torch.randn(stored).to(dtype)
+        view = base.expand(shape)
+        return view, base.numel() if view.numel() else 0
+    t = torch.randn(shape).to(dtype)
+    return t, t.numel()
+
+
+@st.composite
+def pooling_configs(draw, dims=None):
+    """A valid pooling: dims, kernel, stride, padding (<= kernel / 2), dilation, ceil_mode and an
+    input big enough for one window."""
+    d = draw(st.sampled_from([1, 2, 3])) if dims is None else dims
+    kernel = [draw(st.integers(1, 3)) for _ in range(d)]
+    stride = [draw(st.integers(1, 3)) for _ in range(d)]
+    padding = [draw(st.integers(0, k // 2)) for k in kernel]
+    dilation = [draw(st.integers(1, 2)) for _ in range(d)]
+    spatial = [draw(st.integers(dilation[i] * (kernel[i] - 1) + 1, dilation[i] * (kernel[i] - 1) + 5))
+               for i in range(d)]
+    return dict(d=d, kernel=kernel, stride=stride, padding=padding, dilation=dilation,
+                ceil_mode=draw(st.booleans()), spatial=spatial, batch=draw(st.integers(1, 2)),
+                channels=draw(st.integers(1, 2)))
+
+
+@st.composite
+def reduction_cases(draw):
+    """A shape (zero-size dims included), a dim subset to reduce and keepdim."""
+    shape = draw(st.lists(st.integers(0, 4), min_size=1, max_size=3))
+    dims = draw(st.lists(st.integers(0, len(shape) - 1), unique=True, min_size=1,
+                         max_size=len(shape)))
+    return shape, dims, draw(st.booleans())

@@ -206,13 +206,21 @@ def test_out_and_inplace_variants():
 # ---- registry ------------------------------------------------------------------------------
 
 
+@torch.library.custom_op("dispatch_flops_test::unpriced", mutates_args=())
+def unpriced(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
 def test_unknown_op_is_reported_not_zeroed():
-    """An op without a formula shows up in unsupported_ops() with its call count."""
+    """An op without a formula or a tag estimate shows up in unsupported_ops() with its call
+    count, and its bytes are still counted."""
+    x = torch.randn(4)
     with FlopCounter() as fc:
-        torch.randn(4).cos().cos()
-    assert fc.unsupported_ops()["aten.cos"] == 2
-    assert "aten.cos x2" in fc.table()
-    assert not has_formula(torch.ops.aten.cos)
+        unpriced(unpriced(x))
+    assert fc.unsupported_ops() == {"dispatch_flops_test.unpriced": 2}
+    assert fc.by_operator()["dispatch_flops_test.unpriced"].bytes_read == 2 * 16
+    assert "dispatch_flops_test.unpriced x2" in fc.table()
+    assert not has_formula(torch.ops.dispatch_flops_test.unpriced)
     assert has_formula(torch.ops.aten.mm) and has_formula(torch.ops.aten.view.default)
 
 
