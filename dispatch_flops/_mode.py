@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dispatch_flops.formulas import Category, Cost, Movement, Registry
+from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registry
 
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 
@@ -53,13 +53,24 @@ def _bytes(values) -> int:
     return total
 
 
+# In a signature, marks the real bytes of a tensor that is not contiguous (an expanded one
+# reads fewer bytes than its shape says); private, so no argument can be mistaken for it.
+_STRIDED = object()
+
+
+def _tensor_key(t: Tensor) -> tuple:
+    if t.is_contiguous():
+        return (t.shape, t.dtype)
+    return (t.shape, t.dtype, _STRIDED, real_bytes(t))
+
+
 def _key(v):
-    """A hashable stand-in for one argument as a formula sees it: a tensor becomes its shape
-    and dtype, a list or tuple a tuple (of those, for tensors). Never holds a tensor."""
+    """A hashable stand-in for one argument: a tensor becomes its shape and dtype (and real
+    bytes when not contiguous), a list or tuple a tuple of those. Never holds a tensor."""
     if isinstance(v, Tensor):
-        return (v.shape, v.dtype)
+        return _tensor_key(v)
     if v.__class__ is list or v.__class__ is tuple:
-        return tuple([(x.shape, x.dtype) if isinstance(x, Tensor) else x for x in v])
+        return tuple([_tensor_key(x) if isinstance(x, Tensor) else x for x in v])
     return v
 
 
@@ -89,11 +100,46 @@ def formula_call(args, kwargs, out, with_dtypes: bool) -> tuple:
     return [_shape(a) for a in args], _shape(out), kw
 
 
-# A signature's formula arguments, shared by every counter: models repeat shapes across layers
-# and steps, so a signature is turned into formula arguments once. Pure data (shapes, ints),
-# never a tensor; emptied when it grows past the cap rather than grown without bound.
-_FORMULA_CALLS: dict[tuple, tuple] = {}
-_FORMULA_CALLS_CAP = 100_000
+def moved_bytes(resolved, args, kwargs, out) -> tuple[int, int]:
+    """(bytes read, bytes written) of one call: tensor inputs read (``out=`` tensors are
+    written, not read; fills read nothing), outputs written; an op that returns nothing
+    writes what it mutates."""
+    read = 0
+    if resolved.kind != WRITE:
+        read = _bytes(args)
+        if kwargs:
+            read += _bytes([v for k, v in kwargs.items() if k not in resolved.write_only])
+    if isinstance(out, Tensor):
+        written = out.nbytes if out.is_contiguous() else real_bytes(out)
+    elif out.__class__ is list or out.__class__ is tuple:
+        written = _bytes(out)
+    elif out is None and resolved.mutated:
+        written = _bytes([args[i] for i in resolved.mutated if i < len(args)])
+    else:
+        written = 0
+    return read, written
+
+
+def _work_out(resolved, args, kwargs, out) -> tuple:
+    """(formula arguments or None, bytes read, bytes written) of one call."""
+    call = formula_call(args, kwargs, out, resolved.with_dtypes) if resolved.kind == FORMULA \
+        else None
+    return (call, *moved_bytes(resolved, args, kwargs, out))
+
+
+_SIGNATURES_CAP = 100_000
+
+
+def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> tuple:
+    """What ``_work_out`` gives for ``sig``, from ``shared`` (every counter's: models repeat
+    shapes across layers and steps, so a signature is worked out once) when it is there.
+    Pure data (shapes, ints), never a tensor; emptied when it grows past the cap."""
+    entry = shared.get(sig)
+    if entry is None:
+        if len(shared) >= _SIGNATURES_CAP:
+            shared.clear()  # open counters keep their own (``CountingMode.calls``)
+        entry = shared[sig] = _work_out(resolved, args, kwargs, out)
+    return entry
 
 
 class _Resolved:
@@ -139,10 +185,12 @@ class CountingMode(TorchDispatchMode):
         self.registry = registry
         self.causal_unmasked_only = causal_unmasked_only
         self.resolved = _resolutions(registry, causal_unmasked_only)
+        # signatures worked out, shared like the resolutions (emptied on a registry change)
+        self._shared = registry.lookup_cache.setdefault("signatures", {})
         self.forward_acc: dict = {}
         self.recomputing = False
         self.tracker = None
-        self.calls: dict[tuple, tuple] = {}  # this counter's signatures: what it will price
+        self.calls: dict[tuple, tuple] = {}  # this counter's signatures, worked out
 
     def bind(self, tracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
@@ -153,22 +201,21 @@ class CountingMode(TorchDispatchMode):
         self._last_acc: dict = {}
 
     def cost(self, sig: tuple) -> Cost:
-        """The formula's ``Cost`` for one call of signature ``sig`` (see the hot path)."""
-        return self._price(sig[0], self.calls[sig])
+        """The ``Cost`` of one call of signature ``sig`` (see the hot path): the formula's,
+        zero for ops with none (no arithmetic, or unsupported: see their category)."""
+        return self._price(sig[0], self.calls[sig][0])
 
-    def _price(self, key: int, call: tuple) -> Cost:
+    def moved(self, sig: tuple) -> tuple[int, int]:
+        """(bytes read, bytes written) of one call of signature ``sig``."""
+        _, read, written = self.calls[sig]
+        return read, written
+
+    def _price(self, key: int, call) -> Cost:
         # call: (args, out_shape, kwargs) as the formula contract has them (see formula_call)
+        if call is None:
+            return ZERO_COST
         args, out_shape, kwargs = call
         return self.resolved[key].formula(*args, out_shape=out_shape, **kwargs)
-
-    @staticmethod
-    def _formula_call(sig: tuple, resolved: _Resolved, args, kwargs, out) -> tuple:
-        call = _FORMULA_CALLS.get(sig)
-        if call is None:
-            if len(_FORMULA_CALLS) >= _FORMULA_CALLS_CAP:
-                _FORMULA_CALLS.clear()  # open counters keep their own (``self.calls``)
-            call = _FORMULA_CALLS[sig] = formula_call(args, kwargs, out, resolved.with_dtypes)
-        return call
 
     def category(self, func) -> Category:
         return self.registry.lookup(func).category
@@ -232,26 +279,28 @@ class CountingMode(TorchDispatchMode):
                 acc = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1].backward
                 self._last_seq = seq
                 self._last_acc = acc
-        if kind == FORMULA:
-            # Formulas are pure functions of shapes: count calls per signature (the op and its
-            # arguments as shapes) and price each distinct signature once, when results are
-            # read. One pass over the arguments builds the signature and sums the bytes read.
+        if kind == VIEW:  # no arithmetic, no bytes: count the call
+            rec = acc.get(key)
+            if rec is None:
+                rec = acc[key] = [0, 0, 0, 0, 0, 0]
+        else:
+            # An op's flops and bytes are functions of its signature: the op and its arguments
+            # as shapes and dtypes, plus real bytes where strides make them differ. Count calls
+            # per signature here; each distinct one is worked out once (``_call_entry``) and
+            # priced when results are read.
             sig = [key]
-            read = 0
             for a in args:
                 if isinstance(a, Tensor):
                     sig.append(a.shape)
-                    sig.append(a.dtype)  # formulas may price by dtype (complex: real flops)
-                    read += a.nbytes if a.is_contiguous() else real_bytes(a)
+                    sig.append(a.dtype)
+                    if not a.is_contiguous():
+                        sig.append((_STRIDED, real_bytes(a)))
                 elif a.__class__ is list or a.__class__ is tuple:
                     sig.append(_key(a))
-                    read += _bytes(a)
                 else:
                     sig.append(a)
             if kwargs:
                 sig.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
-                write_only = resolved.write_only
-                read += _bytes([v for k, v in kwargs.items() if k not in write_only])
             if resolved.out_in_signature:
                 sig.append(_key(out))
             sig = tuple(sig)
@@ -260,39 +309,19 @@ class CountingMode(TorchDispatchMode):
                 if rec is None:
                     rec = acc[sig] = [0, 0, 0, 0, 0, 0]
                     if sig not in self.calls:
-                        self.calls[sig] = self._formula_call(sig, resolved, args, kwargs, out)
-            except TypeError:  # unhashable (symbolic) sizes: price now, under the op key
+                        self.calls[sig] = _call_entry(self._shared, sig, resolved, args,
+                                                      kwargs, out)
+            except TypeError:  # unhashable (symbolic) sizes: work it out now, under the op key
                 rec = acc.get(key)
                 if rec is None:
                     rec = acc[key] = [0, 0, 0, 0, 0, 0]
-                cost = self._price(key, formula_call(args, kwargs, out, resolved.with_dtypes))
+                call, read, written = _work_out(resolved, args, kwargs, out)
+                cost = self._price(key, call)
                 rec[1] += cost.flops
                 rec[2] += cost.macs
-            rec[0] += 1
-            rec[3] += read
-        else:
-            rec = acc.get(key)
-            if rec is None:
-                rec = acc[key] = [0, 0, 0, 0, 0, 0]
-            rec[0] += 1
-            if kind != VIEW and kind != WRITE:
-                read = 0
-                for a in args:
-                    if isinstance(a, Tensor):
-                        read += a.nbytes if a.is_contiguous() else real_bytes(a)
-                    elif a.__class__ is list or a.__class__ is tuple:
-                        read += _bytes(a)
-                if kwargs:
-                    write_only = resolved.write_only
-                    read += _bytes([v for k, v in kwargs.items() if k not in write_only])
                 rec[3] += read
-        if kind != VIEW:
-            if isinstance(out, Tensor):
-                rec[4] += out.nbytes if out.is_contiguous() else real_bytes(out)
-            elif out.__class__ is list or out.__class__ is tuple:
-                rec[4] += _bytes(out)
-            elif out is None and resolved.mutated:
-                rec[4] += _bytes([args[i] for i in resolved.mutated if i < len(args)])
+                rec[4] += written
+        rec[0] += 1
         if runner is not None:
             runner.add(rec, 5, elapsed)
         return out

@@ -190,7 +190,9 @@ class FlopCounter:
                         cost = costs.get(key)
                         if cost is None:
                             cost = costs[key] = mode.cost(key)
-                        flops, macs, key = calls * cost.flops, calls * cost.macs, key[0]
+                        per_read, per_written = mode.moved(key)
+                        flops, macs = calls * cost.flops, calls * cost.macs
+                        read, written, key = calls * per_read, calls * per_written, key[0]
                     total = by_op.get(key)
                     if total is None:
                         by_op[key] = [calls, flops, macs, read, written, ns]
