@@ -8,7 +8,7 @@ Efficiency = attainable / measured time: 1.0 means it ran at its roof.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional, Union
 
 import torch
@@ -86,12 +86,7 @@ class Roofline:
     efficiency: Optional[float]  # attainable / measured
 
     def to_dict(self) -> dict:
-        return {
-            "arithmetic_intensity": self.arithmetic_intensity,
-            "attainable_s": self.attainable_s,
-            "bound": self.bound,
-            "efficiency": self.efficiency,
-        }
+        return asdict(self)
 
 
 def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, fp64: float,
