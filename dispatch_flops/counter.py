@@ -434,6 +434,8 @@ class FlopCounter:
             "wall_s": self.wall_s,
             "total": self.total.to_dict(),
             "by_phase": {p: s.to_dict() for p, s in self.by_phase().items()},
+            "model_flops": self.model_flops(),
+            "hardware_flops": self.hardware_flops(),
             "by_module": {n: m.to_dict() for n, m in self.by_module().items()},
             "by_operator": {op: s.to_dict() for op, s in self.by_operator().items()},
             "unsupported_ops": self.unsupported_ops(),

@@ -80,6 +80,9 @@ def test_checkpointing_adds_exactly_the_recomputed_forward(mode):
         for name in (f"blocks.{i}", f"blocks.{i}.a", f"blocks.{i}.b"):
             assert by_module[name].macs == forward[name].macs, name
     assert fc.by_module("forward")["blocks.0"].calls == 1  # recompute adds no forward call
+    d = fc.to_dict()
+    assert (d["model_flops"], d["hardware_flops"]) == (fc.model_flops(), fc.hardware_flops())
+    assert d["by_phase"]["recompute"]["macs"] == recompute.macs
 
 
 def test_optimizer_steps_counted_in_their_phase():
