@@ -16,7 +16,6 @@ from ._meta import MetaRunner
 from ._mode import CountingMode
 from ._report import module_table
 from ._results import (
-    BACKWARD,
     CATEGORIES,
     ESTIMATED,
     EXACT,

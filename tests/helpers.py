@@ -1,6 +1,5 @@
 """Small helpers for the tests: counting with ours and with torch's own counter."""
 
-import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from dispatch_flops import FlopCounter
