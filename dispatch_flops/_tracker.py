@@ -126,6 +126,7 @@ class ModuleTracker:
         self._saved_seen: Optional[set] = None  # storages charged, when watching saved ones
         self._param_storages: set = set()
         self._recompute_depth = 0  # module calls running inside backward (checkpointing)
+        self._resume = self.root  # the frame to go back to when recomputing ends
         mode.forward_acc = self.root.forward
 
     # -- lifecycle --------------------------------------------------------------------------
