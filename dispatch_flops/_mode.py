@@ -137,7 +137,7 @@ def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> tuple:
     entry = shared.get(sig)
     if entry is None:
         if len(shared) >= _SIGNATURES_CAP:
-            shared.clear()  # open counters keep their own (``CountingMode.calls``)
+            shared.clear()  # records keep the entries they were given
         entry = shared[sig] = _work_out(resolved, args, kwargs, out)
     return entry
 
@@ -190,7 +190,6 @@ class CountingMode(TorchDispatchMode):
         self.forward_acc: dict = {}
         self.recomputing = False
         self.tracker = None
-        self.calls: dict[tuple, tuple] = {}  # this counter's signatures, worked out
 
     def bind(self, tracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
@@ -200,15 +199,11 @@ class CountingMode(TorchDispatchMode):
         self._last_seq = -1
         self._last_acc: dict = {}
 
-    def cost(self, sig: tuple) -> Cost:
-        """The ``Cost`` of one call of signature ``sig`` (see the hot path): the formula's,
-        zero for ops with none (no arithmetic, or unsupported: see their category)."""
-        return self._price(sig[0], self.calls[sig][0])
-
-    def moved(self, sig: tuple) -> tuple[int, int]:
-        """(bytes read, bytes written) of one call of signature ``sig``."""
-        _, read, written = self.calls[sig]
-        return read, written
+    def cost(self, key: int, entry: tuple) -> Cost:
+        """The ``Cost`` of one call of op ``key`` whose signature was worked out as ``entry``
+        (see ``_work_out``): the formula's, zero for ops with none (no arithmetic, or
+        unsupported: see their category)."""
+        return self._price(key, entry[0])
 
     def _price(self, key: int, call) -> Cost:
         # call: (args, out_shape, kwargs) as the formula contract has them (see formula_call)
@@ -253,7 +248,8 @@ class CountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
-        # case) and keep only ints. Records are [calls, flops, macs, read, written, ns].
+        # case) and keep only ints. Records are [calls, flops, macs, read, written, ns, entry]:
+        # counts and times by call, flops and bytes by the signature's ``entry`` when set.
         runner = self.runner
         if runner is None:
             out = func(*args, **kwargs) if kwargs else func(*args)
@@ -282,7 +278,7 @@ class CountingMode(TorchDispatchMode):
         if kind == VIEW:  # no arithmetic, no bytes: count the call
             rec = acc.get(key)
             if rec is None:
-                rec = acc[key] = [0, 0, 0, 0, 0, 0]
+                rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
         else:
             # An op's flops and bytes are functions of its signature: the op and its arguments
             # as shapes and dtypes, plus real bytes where strides make them differ. Count calls
@@ -306,15 +302,13 @@ class CountingMode(TorchDispatchMode):
             sig = tuple(sig)
             try:
                 rec = acc.get(sig)
-                if rec is None:
-                    rec = acc[sig] = [0, 0, 0, 0, 0, 0]
-                    if sig not in self.calls:
-                        self.calls[sig] = _call_entry(self._shared, sig, resolved, args,
-                                                      kwargs, out)
+                if rec is None:  # the record keeps its signature's worked-out entry
+                    rec = acc[sig] = [0, 0, 0, 0, 0, 0,
+                                      _call_entry(self._shared, sig, resolved, args, kwargs, out)]
             except TypeError:  # unhashable (symbolic) sizes: work it out now, under the op key
                 rec = acc.get(key)
                 if rec is None:
-                    rec = acc[key] = [0, 0, 0, 0, 0, 0]
+                    rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
                 call, read, written = _work_out(resolved, args, kwargs, out)
                 cost = self._price(key, call)
                 rec[1] += cost.flops

@@ -184,14 +184,14 @@ class FlopCounter:
         for frame in self._tracker.frames():
             for phase, acc in frame.accumulators():
                 by_op: dict[int, list] = {}
-                for key, (calls, flops, macs, read, written, ns) in list(acc.items()):
-                    if key.__class__ is tuple:  # counted by signature, priced here
+                for key, (calls, flops, macs, read, written, ns, entry) in list(acc.items()):
+                    if entry is not None:  # counted by signature, worked out here
+                        op = key[0]
                         cost = costs.get(key)
                         if cost is None:
-                            cost = costs[key] = mode.cost(key)
-                        per_read, per_written = mode.moved(key)
+                            cost = costs[key] = mode.cost(op, entry)
                         flops, macs = calls * cost.flops, calls * cost.macs
-                        read, written, key = calls * per_read, calls * per_written, key[0]
+                        read, written, key = calls * entry[1], calls * entry[2], op
                     total = by_op.get(key)
                     if total is None:
                         by_op[key] = [calls, flops, macs, read, written, ns]
