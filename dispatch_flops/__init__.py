@@ -27,6 +27,7 @@ from ._results import (
     Stats,
 )
 from ._roofline import COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline, device_spec
+from ._torch_compat import FlopCounterMode
 from .counter import FlopCounter
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "EXACT",
     "FORWARD",
     "FlopCounter",
+    "FlopCounterMode",
     "MEMORY_BOUND",
     "ModuleStats",
     "NO_ARITHMETIC",
