@@ -8,6 +8,8 @@
 
 from dispatch_flops.formulas import Cost, has_formula, register_formula
 
+from ._activations import Activations
+from ._deepspeed import FlopsProfiler, get_model_profile
 from ._format import human
 from ._profile import profile
 from ._results import (
@@ -33,6 +35,7 @@ from .counter import FlopCounter
 __version__ = "0.1.0"
 
 __all__ = [
+    "Activations",
     "BACKWARD",
     "COMPUTE_BOUND",
     "Cost",
@@ -44,6 +47,7 @@ __all__ = [
     "FORWARD",
     "FlopCounter",
     "FlopCounterMode",
+    "FlopsProfiler",
     "MEMORY_BOUND",
     "ModuleStats",
     "NO_ARITHMETIC",
@@ -56,6 +60,7 @@ __all__ = [
     "Stats",
     "UNSUPPORTED",
     "device_spec",
+    "get_model_profile",
     "has_formula",
     "human",
     "profile",
