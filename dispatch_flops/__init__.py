@@ -8,6 +8,8 @@
 
 from dispatch_flops.formulas import Cost, has_formula, register_formula
 
+from ._activations import Activations
+from ._deepspeed import FlopsProfiler, get_model_profile
 from ._format import human
 from ._profile import profile
 from ._results import (
@@ -27,11 +29,13 @@ from ._results import (
     Stats,
 )
 from ._roofline import COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline, device_spec
+from ._torch_compat import FlopCounterMode
 from .counter import FlopCounter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Activations",
     "BACKWARD",
     "COMPUTE_BOUND",
     "Cost",
@@ -42,6 +46,8 @@ __all__ = [
     "EXACT",
     "FORWARD",
     "FlopCounter",
+    "FlopCounterMode",
+    "FlopsProfiler",
     "MEMORY_BOUND",
     "ModuleStats",
     "NO_ARITHMETIC",
@@ -54,6 +60,7 @@ __all__ = [
     "Stats",
     "UNSUPPORTED",
     "device_spec",
+    "get_model_profile",
     "has_formula",
     "human",
     "profile",
