@@ -46,14 +46,6 @@ def _hidden_names(model: nn.Module, types: tuple) -> frozenset:
     )
 
 
-def _warm_dispatch() -> None:
-    """torch wraps every dispatch mode's ``__torch_dispatch__`` so that its first call in a
-    process imports ``torch._dynamo`` (about a second on a CPU). Pay that here, before the
-    clock starts, not inside the first module's latency."""
-    with FlopCounter():
-        torch.zeros(1)
-
-
 class FlopsProfiler:
     """DeepSpeed's ``FlopsProfiler``: profile whatever runs between ``start_profile()`` and
     ``stop_profile()`` (a forward, or a whole training step: backward and optimizer are
@@ -103,8 +95,6 @@ class FlopsProfiler:
         if self.started:
             self._stop()
         self._ignore = _ignored_types(ignore_list)
-        if self.timing:
-            _warm_dispatch()
         self._hidden = _hidden_names(self.model, self._ignore)
         hidden = self._hidden
         recorder = ActivationRecorder(self.model, skip=lambda name: name in hidden)

@@ -12,6 +12,26 @@ from time import perf_counter_ns
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class _Nothing(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+_dispatch_warm = False
+
+
+def warm_dispatch() -> None:
+    """torch wraps every dispatch mode's ``__torch_dispatch__`` so that its first call in a
+    process imports ``torch._dynamo`` (about a second on a CPU). Pay that once, before any
+    clock starts, not inside the first op's and module's latency."""
+    global _dispatch_warm
+    if not _dispatch_warm:
+        with _Nothing():
+            torch.empty(0)
+        _dispatch_warm = True
 
 
 def _on_cuda(args) -> bool:
@@ -28,6 +48,7 @@ class Timer:
     """Times ops and module spans; ``resolve()`` turns every pending event pair into ns."""
 
     def __init__(self) -> None:
+        warm_dispatch()
         # CUDA events are only made when CUDA is already in use: timing a CPU model on a
         # machine with a GPU must not initialise CUDA
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
