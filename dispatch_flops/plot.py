@@ -14,6 +14,7 @@ and label numbers with the package's one formatter.
 
 from __future__ import annotations
 
+import io
 from typing import Optional
 
 from ._format import duration, human
@@ -27,12 +28,27 @@ _PHASE_COLOR = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A8
                 "recompute": "#C44E52"}
 
 
+_FIGURE = []  # the Figure subclass, made on first use: matplotlib is imported only then
+
+
 def _figure(width: float, height: float):
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError("plots need matplotlib: pip install 'dispatch_flops[plot]'") from None
-    return Figure(figsize=(width, height), layout="constrained")
+    if not _FIGURE:
+        try:
+            from matplotlib.figure import Figure
+        except ImportError:
+            raise ImportError("plots need matplotlib: pip install 'dispatch_flops[plot]'") \
+                from None
+
+        class ShownFigure(Figure):
+            """A Figure that a notebook shows when it is a cell's value, without pyplot."""
+
+            def _repr_png_(self) -> bytes:
+                buffer = io.BytesIO()
+                self.savefig(buffer, format="png")
+                return buffer.getvalue()
+
+        _FIGURE.append(ShownFigure)
+    return _FIGURE[0](figsize=(width, height), layout="constrained")
 
 
 def _short(text: str) -> str:
