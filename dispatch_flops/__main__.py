@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dispatch-flops",
         description="Count the flops, MACs and bytes of every aten op a model runs, by module "
-                    "(and time them with --timing). With no MODEL, profiles the built-in GPT "
+                    "(and time them with --timing). With no MODULE:FACTORY, profiles the built-in GPT "
                     "demo, forward + backward.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", metavar="MODULE:FACTORY",
@@ -279,6 +279,7 @@ def _demo(parser, args, device):
         logits = model(idx)
         torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
                                           idx.flatten()).backward()
+        model.zero_grad(set_to_none=True)  # every run alike: no gradient accumulation
 
     label = (f"GPT demo: {cfg.n_layer} layers, d_model {cfg.d_model}, batch 1 x "
              f"{args.seq_len} tokens, forward + backward")
@@ -313,6 +314,7 @@ def _user_model(parser, args, device):
         if out is None:
             raise ValueError("--backward found no tensor in the model's output")
         out.sum().backward()
+        model.zero_grad(set_to_none=True)  # every run alike: no gradient accumulation
 
     shapes = " ".join("x".join(map(str, s)) for s in args.input_shape)
     label = (f"{args.model}: input {shapes} {str(input_dtype).replace('torch.', '')} on "

@@ -146,3 +146,16 @@ def test_help_shows_examples(capsys):
     code, out, _ = run("--help", capsys=capsys)
     assert code == 0
     assert "examples:" in out and "--input-shape 1,3,224,224" in out
+
+
+def test_timed_runs_count_what_one_run_counts(tmp_path, capsys):
+    """With --backward, warm-ups and repeats leave no gradients behind: a timed run counts
+    the same ops as a single untimed one (no gradient accumulation)."""
+    args = (CNN, "--input-shape", "2,3,8,8", "--backward", "--depth", "0")
+    assert run(*args, "--json", str(tmp_path / "once.json"), capsys=capsys)[0] == 0
+    assert run(*args, "--timing", "--repeat", "2", "--json", str(tmp_path / "timed.json"),
+               capsys=capsys)[0] == 0
+    once = FlopCounter.from_json(tmp_path / "once.json")
+    timed = FlopCounter.from_json(tmp_path / "timed.json")
+    assert timed.by_operator().keys() == once.by_operator().keys()
+    assert timed.total.flops == once.total.flops and timed.total.calls == once.total.calls
