@@ -67,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dispatch-flops",
         description="Count the flops, MACs and bytes of every aten op a model runs, by module "
-                    "(and time them with --timing). With no MODULE:FACTORY, profiles the built-in GPT "
-                    "demo, forward + backward.",
+                    "(and time them with --timing). With no MODULE:FACTORY, profiles the "
+                    "built-in GPT demo, forward + backward.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", metavar="MODULE:FACTORY",
                         help="a factory returning the model, e.g. torchvision.models:resnet18 "
