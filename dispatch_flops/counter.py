@@ -375,7 +375,8 @@ class FlopCounter:
         calls = self._tracker.call_counts() if self._tracker is not None else {}
         spans = self._tracker.spans() if self.timing and self._tracker is not None else {}
         params = self._param_counts()
-        device = next((p.device for p in self.model.parameters()), None) if self.model else None
+        device = None if self.model is None else next(
+            (p.device for p in self.model.parameters()), None)
         return {
             "dtype": str(self._dtype(None)).replace("torch.", ""),
             "device": device.type if device is not None else None,
@@ -384,7 +385,7 @@ class FlopCounter:
             "has_model": self.model is not None,
             "modules": [
                 {"name": name, "calls": calls.get(name, 0), "params": params.get(name, 0),
-                 "forward_span_ns": spans.get(name) if self.timing else None}
+                 "forward_span_ns": spans.get(name)}
                 for name in names
             ],
         }
