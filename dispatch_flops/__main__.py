@@ -1,38 +1,325 @@
-"""``python -m dispatch_flops``: profile the built-in GPT demo, forward and backward."""
+"""``python -m dispatch_flops`` (installed as ``dispatch-flops``): profile the built-in GPT
+demo with no arguments, or any importable model factory, and print the module table."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import os
+import sys
 import time
+from typing import Callable, Optional
 
 import torch
+from torch import nn
 
-from . import FlopCounter
+from . import FlopCounter, profile
+from .counter import ATTENTION_MODES
 from .models import GPT, GPTConfig
 
+EXAMPLES = """\
+examples:
+  dispatch-flops
+      the built-in GPT demo (4 layers, d_model 256), forward + backward, on the CPU
+  dispatch-flops torchvision.models:resnet18 --input-shape 1,3,224,224 --depth 2
+  dispatch-flops my_models.py:build --input-shape 8,128 --input-dtype int64 --backward
+  dispatch-flops torchvision.models:resnet50 --input-shape 32,3,224,224 --dtype bf16 \\
+      --device cuda --backward --timing --repeat 10 --trace trace.json --json run.json
+  dispatch-flops my_models.py:llama_70b --input-shape 1,4096 --input-dtype int64 --device meta
 
-def main(argv=None) -> None:
+MODULE:FACTORY is a module on the Python path (the current directory included), or a .py
+file, and a callable in it that takes no arguments and returns a torch.nn.Module (a class
+works). It is called under `with torch.device(DEVICE)`, so --device meta builds even a very
+large model without allocating it (shape-only counting). Inputs are random normals
+(integers in [0, 2) with an integer --input-dtype), one per --input-shape, seeded.
+--trace turns --timing on; open the trace at ui.perfetto.dev or chrome://tracing.
+"""
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16,
+           "fp32": torch.float32, "float": torch.float32, "fp64": torch.float64,
+           "double": torch.float64, "int64": torch.int64, "long": torch.int64,
+           "int32": torch.int32, "int": torch.int32}
+
+
+def _dtype(text: str) -> torch.dtype:
+    name = text.lower().removeprefix("torch.")
+    dtype = _DTYPES.get(name, getattr(torch, name, None))
+    if not isinstance(dtype, torch.dtype):
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {text!r}: use bf16, fp16, fp32, fp64 (or a torch name such as "
+            "bfloat16); int64 / int32 for --input-dtype")
+    return dtype
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.replace(" ", "").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(size < 1 for size in shape):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive ints, e.g. 1,3,224,224")
+    return shape
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dispatch-flops",
-        description="Profile the built-in GPT demo model (forward + backward) on CPU.",
-    )
+        description="Count the flops, MACs and bytes of every aten op a model runs, by module "
+                    "(and time them with --timing). With no MODULE:FACTORY, profiles the "
+                    "built-in GPT demo, forward + backward.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", metavar="MODULE:FACTORY",
+                        help="a factory returning the model, e.g. torchvision.models:resnet18 "
+                             "or path/to/file.py:build")
+    parser.add_argument("--input-shape", type=_shape, action="append", metavar="N,C,...",
+                        help="shape of one input (repeat for several inputs)")
+    parser.add_argument("--dtype", type=_dtype, metavar="DTYPE",
+                        help="the model's (and float inputs') dtype: bf16, fp16, fp32, fp64; "
+                             "default: as the factory builds it")
+    parser.add_argument("--input-dtype", type=_dtype, metavar="DTYPE",
+                        help="the inputs' dtype when it differs (int64 for token ids)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default), cuda, cuda:N, or meta (shapes only, no data)")
+    parser.add_argument("--backward", action="store_true",
+                        help="also run .sum().backward() on the output (its logits, or its "
+                             "first tensor)")
+    parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense",
+                        help="count all (query, key) pairs, or only causal ones")
+    parser.add_argument("--timing", action="store_true",
+                        help="time every op and module: medians of --repeat runs after "
+                             "--warmup untimed ones")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
     parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens (default 128)")
+    parser.add_argument("--seq-len", type=int, default=128,
+                        help="the demo's tokens (default 128; demo only)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON (to_json)")
+    parser.add_argument("--csv", metavar="PATH", help="write module x phase x op rows as CSV")
+    parser.add_argument("--trace", metavar="PATH",
+                        help="write a Chrome/Perfetto trace of the first timed run "
+                             "(turns --timing on)")
+    parser.add_argument("--deepspeed", action="store_true",
+                        help="also print DeepSpeed's flops-profiler report")
+    return parser
+
+
+# -- checks that need torch -----------------------------------------------------------------
+def _available_devices() -> list[str]:
+    names = ["cpu", "meta"]
+    if torch.cuda.is_available():
+        names += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+def _device(parser, text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError as e:
+        parser.error(f"--device {text!r}: {e}")
+    if device.type in ("cpu", "meta"):
+        return device
+    backend = getattr(torch, device.type, None)
+    if device.type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+    available = backend is not None and hasattr(backend, "is_available") and \
+        backend.is_available()
+    if available and device.index is not None and hasattr(backend, "device_count"):
+        available = device.index < backend.device_count()
+    if not available:
+        why = ""
+        if device.type == "cuda" and not torch.cuda.is_available():
+            why = (f" (this torch, {torch.__version__}, has no CUDA build)"
+                   if torch.version.cuda is None else " (no CUDA device found)")
+        parser.error(f"--device {text}: not available here{why}; available: "
+                     f"{', '.join(_available_devices())}")
+    return device
+
+
+def _factory(parser, spec: str) -> Callable:
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        parser.error(f"model {spec!r} is not MODULE:FACTORY (e.g. torchvision.models:resnet18 "
+                     "or my_models.py:build)")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            path = os.path.abspath(module_name)
+            if not os.path.isfile(path):
+                parser.error(f"cannot import {module_name!r}: no such file")
+            sys.path.insert(0, os.path.dirname(path))  # so it can import its neighbours
+            name = os.path.splitext(os.path.basename(path))[0]
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())  # the console script does not add it
+            module = importlib.import_module(module_name)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        parser.error(f"cannot import {module_name!r}: {type(e).__name__}: {e}")
+    target = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            parser.error(f"module {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not isinstance(target, nn.Module) and not callable(target):
+        parser.error(f"{spec} is a {type(target).__name__}, not a callable returning a model")
+    return target
+
+
+def _fail(message: str) -> None:
+    sys.exit(f"dispatch-flops: error: {message}")
+
+
+def _tensor_to_reduce(out) -> Optional[torch.Tensor]:
+    """What ``--backward`` differentiates: the output, its ``logits``, or its first tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    values = out.values() if isinstance(out, dict) else out if isinstance(
+        out, (list, tuple)) else ()
+    for value in values:
+        found = _tensor_to_reduce(value)
+        if found is not None:
+            return found
+    return None
+
+
+class _Progress:
+    """Warm-up and timed-run counts on stderr: one rewritten line on a terminal, a line per
+    step otherwise (logs)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        bar = "#" * round(20 * done / total)
+        line = f"{stage} {done}/{total} [{bar:<20}]"
+        if self.tty:
+            end = "\n" if stage == "timed run" and done == total else ""
+            self.stream.write(f"\r{line}{end}")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+# -- main -------------------------------------------------------------------------------------
+def main(argv=None) -> None:
+    parser = _parser()
     args = parser.parse_args(argv)
+    for name in ("warmup", "repeat", "depth"):
+        minimum = 1 if name == "repeat" else 0
+        if getattr(args, name) < minimum:
+            parser.error(f"--{name} must be >= {minimum}")
+    if args.trace:
+        args.timing = True
+    device = _device(parser, args.device)
+    if args.timing and device.type == "meta":
+        parser.error("--timing / --trace need a real device: meta tensors hold no data and "
+                     "take no time")
+    deepspeed_report = None
+    if args.deepspeed:
+        try:
+            from . import get_model_profile as deepspeed_report  # issue 5's printer
+        except ImportError:
+            parser.error("--deepspeed needs dispatch_flops.get_model_profile (the "
+                         "DeepSpeed-style report), which this build does not have yet")
     torch.manual_seed(0)
+    if args.model is None:
+        model, inputs, label, step = _demo(parser, args, device)
+    else:
+        model, inputs, label, step = _user_model(parser, args, device)
+    timing = f", timed: median of {args.repeat} runs after {args.warmup} warm-up" \
+        if args.timing else ""
+    start = time.perf_counter()
+    try:
+        if args.timing:
+            fc = profile(model, inputs, fn=step, warmup=args.warmup, repeat=args.repeat,
+                         progress=_Progress(), attention=args.attention,
+                         trace=bool(args.trace))
+        else:
+            with FlopCounter(model, attention=args.attention) as fc:
+                step(*inputs)
+    except Exception as e:
+        _fail(f"running {label} failed: {type(e).__name__}: {e}")
+    elapsed = time.perf_counter() - start
+    print(f"{label}{timing} ({elapsed:.2f} s in all)\n")
+    print(fc.table(depth=args.depth))
+    for path, write in ((args.json, fc.to_json), (args.csv, fc.to_csv),
+                        (args.trace, fc.to_chrome_trace)):
+        if path:
+            write(path)
+            print(f"wrote {path}", file=sys.stderr)
+    if deepspeed_report is not None:
+        print()
+        deepspeed_report(model, args=list(inputs), print_profile=True, detailed=True,
+                         module_depth=args.depth, warm_up=args.warmup)
+
+
+def _demo(parser, args, device):
     cfg = GPTConfig()
     if not 1 <= args.seq_len <= cfg.max_seq_len:
         parser.error(f"--seq-len must be between 1 and {cfg.max_seq_len}")
-    model = GPT(cfg)
-    idx = torch.randint(0, cfg.vocab_size, (1, args.seq_len))
-    start = time.perf_counter()
-    with FlopCounter(model) as fc:
+    with device:
+        model = GPT(cfg)
+    if args.dtype is not None:
+        model = model.to(args.dtype)
+    idx = torch.randint(0, cfg.vocab_size, (1, args.seq_len), device=device)
+
+    def step(idx):
         logits = model(idx)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten()).backward()
-    elapsed = time.perf_counter() - start
-    print(f"GPT demo: {cfg.n_layer} layers, d_model {cfg.d_model}, batch 1 x {args.seq_len} "
-          f"tokens, forward + backward ({elapsed:.2f} s under the counter)\n")
-    print(fc.table(depth=args.depth))
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                          idx.flatten()).backward()
+        model.zero_grad(set_to_none=True)  # every run alike: no gradient accumulation
+
+    label = (f"GPT demo: {cfg.n_layer} layers, d_model {cfg.d_model}, batch 1 x "
+             f"{args.seq_len} tokens, forward + backward")
+    return model, (idx,), label, step
+
+
+def _user_model(parser, args, device):
+    if not args.input_shape:
+        parser.error(f"{args.model}: give the input's shape, e.g. --input-shape 1,3,224,224")
+    factory = _factory(parser, args.model)
+    try:
+        with device:
+            model = factory if isinstance(factory, nn.Module) else factory()
+    except Exception as e:
+        _fail(f"building the model with {args.model}() raised {type(e).__name__}: {e}")
+    if not isinstance(model, nn.Module):
+        _fail(f"{args.model}() returned {type(model).__name__}, not a torch.nn.Module")
+    model = model.to(device)
+    if args.dtype is not None:
+        model = model.to(args.dtype)
+    input_dtype = args.input_dtype or args.dtype or torch.get_default_dtype()
+    inputs = tuple(
+        torch.randn(shape, dtype=input_dtype, device=device) if input_dtype.is_floating_point
+        else torch.randint(0, 2, shape, dtype=input_dtype, device=device)
+        for shape in args.input_shape)
+
+    def step(*inputs):
+        if not args.backward:
+            with torch.no_grad():
+                return model(*inputs)
+        out = _tensor_to_reduce(model(*inputs))
+        if out is None:
+            raise ValueError("--backward found no tensor in the model's output")
+        out.sum().backward()
+        model.zero_grad(set_to_none=True)  # every run alike: no gradient accumulation
+
+    shapes = " ".join("x".join(map(str, s)) for s in args.input_shape)
+    label = (f"{args.model}: input {shapes} {str(input_dtype).replace('torch.', '')} on "
+             f"{device}, forward{' + backward' if args.backward else ''}")
+    return model, inputs, label, step
 
 
 if __name__ == "__main__":

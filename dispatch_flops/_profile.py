@@ -29,6 +29,7 @@ def profile(
     warmup: int = 1,
     repeat: int = 5,
     fn: Optional[Callable] = None,
+    progress: Optional[Callable[[str, int, int], None]] = None,
     **options,
 ) -> FlopCounter:
     """Count and time ``fn(*args, **kwargs)`` (``fn`` defaults to ``model``): ``warmup`` calls
@@ -37,7 +38,9 @@ def profile(
     >>> fc = profile(model, (x,), warmup=2, repeat=10)
     >>> fc.by_module()["layers.0"].latency_s, fc.mfu(device)
     ``fn`` may run a whole training step (``fn=lambda x: model(x).sum().backward()``);
-    ``options`` go to ``FlopCounter`` (``attention=...``).
+    ``options`` go to ``FlopCounter`` (``attention=...``, ``trace=True``: the timeline is the
+    first timed run's). ``progress(stage, done, total)``, when given, is called after every
+    warm-up (stage "warm-up") and timed run ("timed run").
     """
     _check_count("warmup", warmup, 0)
     _check_count("repeat", repeat, 1)
@@ -47,13 +50,17 @@ def profile(
     if not callable(call):
         raise ValueError("profile needs a callable: pass a model, or fn=... with model=None")
     kwargs = kwargs or {}
-    for _ in range(warmup):
+    for done in range(1, warmup + 1):
         call(*args, **kwargs)
+        if progress is not None:
+            progress("warm-up", done, warmup)
     runs = []
-    for _ in range(repeat):
+    for done in range(1, repeat + 1):
         with FlopCounter(model, timing=True, **options) as fc:
             call(*args, **kwargs)
         runs.append(fc)
+        if progress is not None:
+            progress("timed run", done, repeat)
     return _medians(runs)
 
 

@@ -33,9 +33,11 @@ from ._results import (
 )
 from ._roofline import DEVICES, DeviceSpec, Roofline, device_spec
 from ._timing import Timer
+from ._trace import TracingTimer
 from ._tracker import ModuleTracker
 
 ATTENTION_MODES = ("dense", "causal")
+SCHEMA_VERSION = 1  # of to_dict() / to_json(): docs/schema.md; bump on a breaking change
 _CATEGORY_NAME = {
     Category.FORMULA: EXACT,
     Category.NO_ARITHMETIC: NO_ARITHMETIC,
@@ -62,7 +64,9 @@ class FlopCounter:
     ``attention="causal"`` counts only the unmasked pairs when ``is_causal=True``.
     ``timing=True`` also measures latency: CUDA events around every CUDA op and module call
     (resolved with one synchronize when results are first read), ``perf_counter_ns`` on the
-    CPU. For medians over warm repeats use ``dispatch_flops.profile``.
+    CPU. For medians over warm repeats use ``dispatch_flops.profile``. ``trace=True`` (timing
+    implied) also keeps when every op and module call started and ended, for
+    ``to_chrome_trace``.
     Register custom formulas before entering the block.
     """
 
@@ -72,6 +76,7 @@ class FlopCounter:
         *,
         attention: str = "dense",
         registry: Optional[Registry] = None,
+        trace: bool = False,
         timing: bool = False,
         saved_activations: bool = False,
     ):
@@ -96,6 +101,10 @@ class FlopCounter:
         self._timer: Optional[Timer] = None
         self._wall = [0]  # ns from entry to exit, when timing
         self._wall_start = None
+        if not isinstance(trace, bool):
+            raise TypeError(f"trace must be True or False, got {trace!r}")
+        self.trace = trace  # a timeline: every op's and module call's start and end
+        self.timing = timing or trace
         self.repeats = 1  # timed runs behind the latencies (``profile`` sets the median's)
         self._saved_hooks = None
 
@@ -103,7 +112,7 @@ class FlopCounter:
     def __enter__(self) -> "FlopCounter":
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
-        timer = Timer() if self.timing else None
+        timer = (TracingTimer() if self.trace else Timer()) if self.timing else None
         runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
         mode = CountingMode(self.registry, self.attention == "causal", runner)
         tracker = ModuleTracker(self.model, mode, timer)
@@ -426,11 +435,13 @@ class FlopCounter:
     def to_dict(self) -> dict:
         """Everything above as JSON-serialisable plain data."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "model": self.root_label,
             "attention": self.attention,
             "timing": self.timing,
             "repeats": self.repeats,
             "wall_s": self.wall_s,
+            **self._run_info(),
             "total": self.total.to_dict(),
             "by_phase": {p: s.to_dict() for p, s in self.by_phase().items()},
             "model_flops": self.model_flops(),
@@ -468,6 +479,63 @@ class FlopCounter:
         """The module table, ``depth`` counted as torch's ``get_table`` counts it (1: the
         model, 2: its children; None: 2). ``table(depth)`` counts from 0 for the model."""
         return self.table(max((2 if depth is None else depth) - 1, 0))
+
+    # -- export (dispatch_flops.export writes and reads these; see docs/schema.md) ---------
+    def _run_info(self) -> dict:
+        """What ``from_json`` needs besides the records: the model's dtype and device, and
+        every module in tree order with its forward calls, parameters and call spans."""
+        names = self.module_names()
+        calls = self._tracker.call_counts() if self._tracker is not None else {}
+        spans = self._tracker.spans() if self.timing and self._tracker is not None else {}
+        params = self._param_counts()
+        device = None if self.model is None else next(
+            (p.device for p in self.model.parameters()), None)
+        return {
+            "dtype": str(self._dtype(None)).replace("torch.", ""),
+            "device": device.type if device is not None else None,
+            "device_name": torch.cuda.get_device_name(device)
+            if device is not None and device.type == "cuda" else None,
+            "has_model": self.model is not None,
+            "modules": [
+                {"name": name, "calls": calls.get(name, 0), "params": params.get(name, 0),
+                 "forward_span_ns": spans.get(name)}
+                for name in names
+            ],
+        }
+
+    def to_json(self, path) -> None:
+        """Write ``to_dict()`` as JSON (``schema_version`` 1, described in docs/schema.md);
+        ``FlopCounter.from_json(path)`` reads it back."""
+        from .export import write_json
+
+        write_json(self, path)
+
+    @classmethod
+    def from_json(cls, path) -> "FlopCounter":
+        """A finished counter read from ``to_json``'s file: every report, export and plot
+        works on it (it cannot count again, nor give a trace)."""
+        from .export import read_json
+
+        return read_json(path)
+
+    def to_csv(self, path) -> None:
+        """One row per module x phase x operator (see ``dispatch_flops.export.COLUMNS``)."""
+        from .export import write_csv
+
+        write_csv(self, path)
+
+    def to_dataframe(self):
+        """The rows of ``to_csv`` as a pandas DataFrame (needs pandas)."""
+        from .export import dataframe
+
+        return dataframe(self)
+
+    def to_chrome_trace(self, path) -> None:
+        """Module calls and op calls on their timeline, as Trace Event Format JSON for
+        Perfetto (ui.perfetto.dev) or chrome://tracing. Needs ``trace=True``."""
+        from .export import write_chrome_trace
+
+        write_chrome_trace(self, path)
 
 
 def _packet(operator: str):

@@ -1,0 +1,161 @@
+"""The command line, run as users run it: ``python -m dispatch_flops`` in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dispatch_flops import FlopCounter
+from dispatch_flops.__main__ import main
+
+TESTS = Path(__file__).parent
+CNN = f"{TESTS / 'cli_models.py'}:small_cnn"
+
+
+def cli(*args, cwd=TESTS.parent):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        str(TESTS.parent), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "dispatch_flops", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_no_arguments_profiles_the_demo():
+    done = cli("--depth", "1", "--seq-len", "16")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("GPT demo: 4 layers")
+    assert "Bwd FLOPs" in done.stdout and "blocks" in done.stdout
+
+
+def test_factory_from_a_file_with_exports(tmp_path):
+    """MODULE:FACTORY as a file: the table, and JSON that reads back to the same table."""
+    done = cli(CNN, "--input-shape", "2,3,8,8", "--backward", "--depth", "1",
+               "--json", str(tmp_path / "run.json"), "--csv", str(tmp_path / "run.csv"))
+    assert done.returncode == 0, done.stderr
+    assert "input 2x3x8x8 float32 on cpu, forward + backward" in done.stdout
+    loaded = FlopCounter.from_json(tmp_path / "run.json")
+    assert loaded.table(depth=1) in done.stdout
+    assert loaded.by_phase()["backward"].flops > 0
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["schema_version"] == 1 and data["model"] == "Sequential"
+    assert (tmp_path / "run.csv").read_text().startswith("module,depth,phase,operator")
+
+
+def run(*args, capsys):
+    """main() in this process (for the cases beyond the subprocess ones): (exit code, stdout,
+    stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bad_import_bad_shape_missing_device():
+    """Subprocess: the three errors users meet first, each a clear line, no traceback."""
+    for args, message in (
+        (["no_such_module:build", "--input-shape", "1,2"],
+         "cannot import 'no_such_module': ModuleNotFoundError"),
+        ([CNN, "--input-shape", "1,3,x"],
+         "'1,3,x' is not a comma-separated list of positive ints"),
+        ([CNN, "--input-shape", "1,3,8,8", "--device", "cuda:7"],
+         "--device cuda:7: not available here"),
+    ):
+        done = cli(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_factory_as_module_path_with_token_inputs(capsys):
+    code, out, err = run("tests.cli_models:TinyLM", "--input-shape", "2,5", "--input-dtype",
+                         "int64", "--backward", "--dtype", "fp64", "--depth", "1",
+                         capsys=capsys)
+    assert code == 0, err
+    assert "input 2x5 int64 on cpu, forward + backward" in out
+    assert "head" in out
+
+
+def test_timing_shows_progress_and_writes_a_trace(tmp_path, capsys):
+    code, out, err = run(CNN, "--input-shape", "1,3,8,8", "--warmup", "2", "--repeat", "3",
+                         "--trace", str(tmp_path / "trace.json"), "--depth", "0",
+                         capsys=capsys)
+    assert code == 0, err
+    assert "timed: median of 3 runs after 2 warm-up" in out
+    assert "Latency" in out
+    for line in ("warm-up 2/2", "timed run 1/3", "timed run 3/3"):
+        assert line in err
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e["ph"] == "X" and e["cat"] == "op" for e in trace["traceEvents"])
+
+
+def test_meta_device_counts_shapes_only(capsys):
+    code, out, err = run(CNN, "--input-shape", "64,3,32,32", "--device", "meta", "--dtype",
+                         "bf16", "--depth", "0", capsys=capsys)
+    assert code == 0, err
+    assert "bfloat16 on meta" in out
+
+
+@pytest.mark.parametrize("args, code, message", [
+    ([f"{TESTS / 'cli_models.py'}:nope", "--input-shape", "1,2"], 2, "has no attribute 'nope'"),
+    (["tests.cli_models", "--input-shape", "1,2"], 2, "is not MODULE:FACTORY"),
+    ([f"{TESTS / 'cli_models.py'}:broken", "--input-shape", "1,2"], 1,
+     "raised ValueError: this factory always fails"),
+    ([f"{TESTS / 'cli_models.py'}:not_a_model", "--input-shape", "1,2"], 1,
+     "returned int, not a torch.nn.Module"),
+    ([CNN, "--input-shape", "1,0,8"], 2, "'1,0,8' is not a comma-separated list of positive"),
+    ([CNN], 2, "give the input's shape"),
+    ([CNN, "--input-shape", "1,5,8,8"], 1, "expected input[1, 5, 8, 8] to have 3 channels"),
+    ([CNN, "--input-shape", "1,3,8,8", "--dtype", "fp7"], 2, "unknown dtype 'fp7'"),
+    ([CNN, "--input-shape", "1,3,8,8", "--device", "meta", "--timing"], 2,
+     "need a real device"),
+    ([CNN, "--input-shape", "1,3,8,8", "--repeat", "0"], 2, "--repeat must be >= 1"),
+])
+def test_errors_say_what_is_wrong(args, code, message, capsys):
+    got, out, err = run(*args, capsys=capsys)
+    assert got == code, (out, err)
+    assert message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_missing_device_names_the_available_ones(capsys):
+    code, _, err = run(CNN, "--input-shape", "1,3,8,8", "--device", "cuda", capsys=capsys)
+    assert code == 2
+    assert "--device cuda: not available here" in err
+    assert "available: cpu, meta" in err
+
+
+def test_deepspeed_flag_says_whether_the_report_is_there(capsys):
+    code, _, err = run(CNN, "--input-shape", "1,3,8,8", "--deepspeed", "--depth", "0",
+                       capsys=capsys)
+    try:
+        from dispatch_flops import get_model_profile  # noqa: F401
+    except ImportError:
+        assert code == 2 and "--deepspeed needs" in err
+    else:
+        assert code == 0, err
+
+
+def test_help_shows_examples(capsys):
+    code, out, _ = run("--help", capsys=capsys)
+    assert code == 0
+    assert "examples:" in out and "--input-shape 1,3,224,224" in out
+
+
+def test_timed_runs_count_what_one_run_counts(tmp_path, capsys):
+    """With --backward, warm-ups and repeats leave no gradients behind: a timed run counts
+    the same ops as a single untimed one (no gradient accumulation)."""
+    args = (CNN, "--input-shape", "2,3,8,8", "--backward", "--depth", "0")
+    assert run(*args, "--json", str(tmp_path / "once.json"), capsys=capsys)[0] == 0
+    assert run(*args, "--timing", "--repeat", "2", "--json", str(tmp_path / "timed.json"),
+               capsys=capsys)[0] == 0
+    once = FlopCounter.from_json(tmp_path / "once.json")
+    timed = FlopCounter.from_json(tmp_path / "timed.json")
+    assert timed.by_operator().keys() == once.by_operator().keys()
+    assert timed.total.flops == once.total.flops and timed.total.calls == once.total.calls
