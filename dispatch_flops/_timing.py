@@ -1,7 +1,7 @@
 """Latency: CUDA events on CUDA, ``time.perf_counter_ns`` on the CPU.
 
 The dispatch mode asks ``Timer.run`` to run an op and gets back the op's output and a token:
-nanoseconds (an int) for a CPU op, a pair of recorded CUDA events for a CUDA op. Event pairs
+its start and end, in nanoseconds for a CPU op, as recorded CUDA events for a CUDA op. Event pairs
 are kept and resolved all at once, after one ``torch.cuda.synchronize()``, when the results
 are first read: never a synchronize per op. The same goes for module spans from the hooks.
 """
@@ -60,21 +60,26 @@ class Timer:
         return event
 
     def run(self, func, args, kwargs):
-        """``(out, token)``: the op's output and its time token (ns, or an event pair)."""
+        """``(out, (start, end))``: the op's output and when it started and ended (ns, or
+        recorded CUDA events)."""
         if self.cuda and _on_cuda(args):
             start = self._event()
             out = func(*args, **kwargs) if kwargs else func(*args)
             return out, (start, self._event())
         start = perf_counter_ns()
         out = func(*args, **kwargs) if kwargs else func(*args)
-        return out, perf_counter_ns() - start
+        return out, (start, perf_counter_ns())
 
     def add(self, counts: list, index: int, token) -> None:
-        """Add ``token``'s time to ``counts[index]`` now (ns) or at ``resolve`` (events)."""
-        if token.__class__ is int:
-            counts[index] += token
+        """Add an op's time (``run``'s token) to ``counts[index]``."""
+        self._accumulate(counts, index, token[0], token[1])
+
+    def _accumulate(self, counts: list, index: int, start, end) -> None:
+        # now for ns, at ``resolve`` for events
+        if start.__class__ is int:
+            counts[index] += end - start
         else:
-            self._pending.append((counts, index, token[0], token[1]))
+            self._pending.append((counts, index, start, end))
 
     # -- module spans -----------------------------------------------------------------------
     def mark(self):
@@ -82,10 +87,8 @@ class Timer:
         return self._event() if self.cuda else perf_counter_ns()
 
     def span(self, counts: list, index: int, start, end) -> None:
-        if start.__class__ is int:
-            counts[index] += end - start
-        else:
-            self._pending.append((counts, index, start, end))
+        """Add a module call's time, from two ``mark`` points, to ``counts[index]``."""
+        self._accumulate(counts, index, start, end)
 
     def resolve(self) -> None:
         """Turn every pending event pair into ns: one synchronize for all of them."""

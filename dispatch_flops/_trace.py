@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from ._results import FORWARD
-from ._timing import Timer, _on_cuda
+from ._timing import Timer
 
 TRACE_LIMIT = 200_000  # events kept per counter (op calls + module calls); later ones dropped
 
@@ -39,23 +39,10 @@ class TracingTimer(Timer):
         self.origin_ns = perf_counter_ns()
         self.origin_event = self._event() if self.cuda else None
 
-    def run(self, func, args, kwargs):
-        """``(out, (start, end))``: ns on the CPU, recorded events on CUDA."""
-        if self.cuda and _on_cuda(args):
-            start = self._event()
-            out = func(*args, **kwargs) if kwargs else func(*args)
-            return out, (start, self._event())
-        start = perf_counter_ns()
-        out = func(*args, **kwargs) if kwargs else func(*args)
-        return out, (start, perf_counter_ns())
-
     def add(self, counts: list, index: int, token) -> None:
-        start, end = token
-        if start.__class__ is int:
-            counts[index] += end - start
-        else:
-            self._pending.append((counts, index, start, end))
+        super().add(counts, index, token)
         if len(self.events) < self.limit:
+            start, end = token
             self.events.append((counts, start, end, counts[1], counts[2], counts[3], counts[4]))
         else:
             self.dropped += 1
