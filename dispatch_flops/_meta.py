@@ -29,7 +29,7 @@ def _key(v):
         return (v.shape, v.stride(), v.dtype)
     if v.__class__ is list or v.__class__ is tuple:
         return tuple([_key(x) for x in v])
-    return v
+    return (v.__class__, v)  # 1, 1.0 and True are equal keys but make different dtypes
 
 
 def _cacheable(func) -> bool:
@@ -47,6 +47,8 @@ def _cacheable(func) -> bool:
 
 def _spec(out):
     if isinstance(out, Tensor):
+        if not out.is_meta:  # a factory asked for another device: never rebuilt on meta
+            raise _NotMeta
         return (out.shape, out.stride(), out.dtype)
     if out is None:
         return None
@@ -77,7 +79,8 @@ class MetaRunner:
             cacheable = self._cacheable[id(func)] = _cacheable(func)
         if cacheable:
             try:
-                key = (id(func), _key(args), _key(tuple(kwargs.items())) if kwargs else ())
+                key = (id(func), torch.get_default_dtype(), _key(args),
+                       _key(tuple(kwargs.items())) if kwargs else ())
                 spec = self._outputs.get(key, _MISSING)
             except (_NotMeta, TypeError):  # real tensors, or unhashable (symbolic) sizes
                 pass
@@ -85,7 +88,10 @@ class MetaRunner:
                 if spec is not _MISSING:
                     return _build(spec), None
                 out = func(*args, **kwargs) if kwargs else func(*args)
-                self._outputs[key] = _spec(out)
+                try:
+                    self._outputs[key] = _spec(out)
+                except _NotMeta:
+                    self._cacheable[id(func)] = False  # not every output is on meta
                 return out, None
         return (func(*args, **kwargs) if kwargs else func(*args)), None
 

@@ -143,11 +143,13 @@ def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> tuple:
 
 
 class _Resolved:
-    __slots__ = ("func", "kind", "formula", "with_dtypes", "write_only", "mutated",
+    __slots__ = ("func", "category", "kind", "formula", "with_dtypes", "write_only", "mutated",
                  "out_in_signature")
 
-    def __init__(self, func, kind, formula, with_dtypes, write_only, out_in_signature):
+    def __init__(self, func, category, kind, formula, with_dtypes, write_only,
+                 out_in_signature):
         self.func = func
+        self.category = category  # the registry's verdict when resolved: what was counted
         self.kind = kind
         self.formula = formula
         self.with_dtypes = with_dtypes  # the formula declares ``dtypes``
@@ -212,8 +214,10 @@ class CountingMode(TorchDispatchMode):
         args, out_shape, kwargs = call
         return self.resolved[key].formula(*args, out_shape=out_shape, **kwargs)
 
-    def category(self, func) -> Category:
-        return self.registry.lookup(func).category
+    def category(self, key: int) -> Category:
+        """The category the op behind ``key`` was counted under (not the registry's now: a
+        formula registered after counting must not relabel ops counted without it)."""
+        return self.resolved[key].category
 
     def op(self, key: int):
         """The OpOverload behind a hot-path key."""
@@ -242,7 +246,7 @@ class CountingMode(TorchDispatchMode):
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
         resolved = self.resolved[id(func)] = _Resolved(
-            func, kind, formula, with_dtypes, write_only, out_in_signature
+            func, entry.category, kind, formula, with_dtypes, write_only, out_in_signature
         )
         return resolved
 
@@ -299,6 +303,8 @@ class CountingMode(TorchDispatchMode):
                 sig.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
             if resolved.out_in_signature:
                 sig.append(_key(out))
+            elif isinstance(out, Tensor):  # a scalar's type or the default dtype can set it
+                sig.append(out.dtype)
             sig = tuple(sig)
             try:
                 rec = acc.get(sig)

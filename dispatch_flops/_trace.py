@@ -123,21 +123,19 @@ def trace_events(counter) -> tuple[list[TraceEvent], int]:
         seen[id(counts)] = totals
         flops, macs, read, written = (now - then for now, then in zip(totals, before))
         op_key = key
-        if key.__class__ is tuple:  # counted by signature: priced here, once per signature
-            # a record that carries its signature's worked-out entry (flops arguments, bytes
-            # read, bytes written) keeps no running byte totals: each call moves the entry's
-            entry = counts[6] if len(counts) > 6 else None
+        entry = counts[6]
+        if entry is not None:  # counted by signature: priced here, once per signature; the
+            # record keeps no running flops or bytes, each call moves its entry's
             cost = costs.get(key)
             if cost is None:
-                cost = costs[key] = mode.cost(key) if entry is None else mode.cost(key[0], entry)
+                cost = costs[key] = mode.cost(key[0], entry)
             flops, macs, op_key = cost.flops, cost.macs, key[0]
-            if entry is not None:
-                read, written = entry[1], entry[2]
+            read, written = entry[1], entry[2]
         named = names.get(op_key)
         if named is None:
             func = mode.op(op_key)
             named = names[op_key] = (str(func.overloadpacket), str(func),
-                                     _CATEGORY_NAME[mode.category(func)])
+                                     _CATEGORY_NAME[mode.category(op_key)])
         events.append(TraceEvent(OP, named[0], phase, frame.stack, start, end, named[1],
                                  named[2], flops, macs, read, written))
     events.sort(key=lambda e: (e.start_ns, -e.end_ns))

@@ -216,7 +216,7 @@ class FlopCounter:
                             phase=phase,
                             operator=str(func.overloadpacket),
                             overload=str(func),
-                            category=_CATEGORY_NAME[mode.category(func)],
+                            category=_CATEGORY_NAME[mode.category(key)],
                             stats=Stats(*counts[:5], self._latency(counts[5])),
                         )
                     )

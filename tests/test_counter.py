@@ -400,3 +400,36 @@ def test_formula_registered_later_is_seen_by_next_counter():
     with FlopCounter(registry=reg) as after:
         x.sin()
     assert after.unsupported_ops() == {} and after.total.flops == 12
+
+
+def test_signatures_tell_scalar_types_and_default_dtype_apart():
+    """1, 1.0 and True are equal dict keys but give int64, float32 and bool outputs; the
+    default dtype also sets a factory's output. Bytes written follow the real output, in
+    one counter and in a later one sharing the signature cache."""
+    with FlopCounter() as fc:
+        a, b, c = (torch.full((1000,), v) for v in (1, 1.0, True))
+    assert fc.by_operator()["aten.full"].bytes_written == a.nbytes + b.nbytes + c.nbytes
+    with FlopCounter() as later:
+        b = torch.full((1000,), 1.0)
+    assert later.total.bytes_written == b.nbytes == 4000
+    previous = torch.get_default_dtype()
+    with FlopCounter() as fc:
+        x = torch.zeros(1000)
+        torch.set_default_dtype(torch.float64)
+        try:
+            y = torch.zeros(1000)
+        finally:
+            torch.set_default_dtype(previous)
+    assert fc.total.bytes_written == x.nbytes + y.nbytes == 12000
+
+
+def test_category_is_the_one_counted_under():
+    """An op counted without a formula stays unsupported when a formula is registered
+    before the results are read: never labelled exact with zero flops."""
+    registry = Registry()
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with FlopCounter(registry=registry) as fc:
+        a @ b
+    registry.formula(torch.ops.aten.mm)(lambda a, b, *, out_shape, **kw: Cost(2, 1))
+    assert fc.unsupported_ops() == {"aten.mm": 1}
+    assert [r.category for r in fc.records() if r.operator == "aten.mm"] == ["unsupported"]

@@ -232,3 +232,20 @@ def test_ops_returning_nothing_write_what_they_mutate():
     assert stats.bytes_written == a.nbytes + b.nbytes
     assert stats.bytes_read == a.nbytes + b.nbytes + c.nbytes + d.nbytes
     assert stats.flops == a.numel() + b.numel()
+
+
+def test_meta_runner_keeps_dtypes_and_devices():
+    """Counting a meta model: scalar types and the default dtype still set the output dtype,
+    and a factory asked for the CPU still makes a CPU tensor."""
+    with torch.device("meta"):
+        model = nn.Linear(4, 4)
+    with FlopCounter(model) as fc:
+        ints = torch.full((10,), 1, device="meta")
+        floats = torch.full((10,), 1.0, device="meta")
+        flags = torch.full((10,), True, device="meta")
+        first, second = torch.zeros(3), torch.zeros(3)
+        ranges = torch.arange(5, device="meta"), torch.arange(5.0, device="meta")
+    assert fc._mode.runner is not None
+    assert (ints.dtype, floats.dtype, flags.dtype) == (torch.int64, torch.float32, torch.bool)
+    assert first.device.type == second.device.type == "cpu"
+    assert [r.dtype for r in ranges] == [torch.int64, torch.float32]
