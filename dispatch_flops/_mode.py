@@ -17,8 +17,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registry
 
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
+from ._tracker import top_saved_tensors_hooks as _top_saved_tensors_hooks
 
 _current_node = torch._C._current_autograd_node
+# how torch.utils.checkpoint shows it is re-running forward inside backward: non-reentrant,
+# under its recomputation saved-tensors hook; reentrant, inside its autograd Function's node
+_RECOMPUTATION_HOOK = "_recomputation_hook.__init__.<locals>.pack_hook"
+_REENTRANT = "CheckpointFunctionBackward"
 
 # per-overload kinds, small ints for the hot path
 VIEW, COPY, WRITE, FORMULA, UNKNOWN = range(5)
@@ -201,6 +206,16 @@ class CountingMode(TorchDispatchMode):
         self._last_seq = -1
         self._last_acc: dict = {}
 
+    def _recompute_acc(self, hook, seq: int) -> dict:
+        """Where an op that non-reentrant checkpointing re-runs outside any module call goes:
+        the recompute phase of the frame holding the modules this recomputation (``hook``)
+        re-ran (the checkpointed function's module), or, before any, of the unpacking node's
+        frame."""
+        home_hook, home = self.tracker.recompute_home
+        if home_hook is not hook:
+            home = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
+        return home.recompute
+
     def cost(self, key: int, entry: tuple) -> Cost:
         """The ``Cost`` of one call of op ``key`` whose signature was worked out as ``entry``
         (see ``_work_out``): the formula's, zero for ops with none (no arithmetic, or
@@ -276,9 +291,15 @@ class CountingMode(TorchDispatchMode):
             elif seq == _ACCUMULATE_GRAD_SEQ:
                 acc = self.tracker.frame_of_accumulation(node).backward
             else:
-                acc = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1].backward
+                frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
+                # reentrant checkpointing re-runs forward inside its own node's backward: the
+                # node's ops are recompute, in the frame where checkpoint was called
+                acc = frame.recompute if node.name() == _REENTRANT else frame.backward
                 self._last_seq = seq
                 self._last_acc = acc
+            hooks = _top_saved_tensors_hooks(False)
+            if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
+                acc = self._recompute_acc(hooks[0], seq)
         if kind == VIEW:  # no arithmetic, no bytes: count the call
             rec = acc.get(key)
             if rec is None:

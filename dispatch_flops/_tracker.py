@@ -30,6 +30,7 @@ from ._results import BACKWARD, FORWARD, OPTIMIZER, RECOMPUTE, ROOT
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 _sequence_nr = torch.autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
+top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
 
 def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
@@ -127,6 +128,8 @@ class ModuleTracker:
         self._param_storages: set = set()
         self._recompute_depth = 0  # module calls running inside backward (checkpointing)
         self._resume = self.root  # the frame to go back to when recomputing ends
+        # (saved-tensors pack hook, frame): where the last recomputation's modules sit
+        self.recompute_home: tuple = (None, self.root)
         mode.forward_acc = self.root.forward
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -187,6 +190,9 @@ class ModuleTracker:
             self._resume = self.current
             first = self._first_frames.get(name)
             self.current = first.parent if first is not None and first.parent else self.root
+            # for the ops between its module calls, with the recomputation they belong to
+            hooks = top_saved_tensors_hooks(False)
+            self.recompute_home = (hooks[0] if hooks is not None else None, self.current)
             self.mode.recomputing = True
         self._recompute_depth += 1
         if name != ROOT:

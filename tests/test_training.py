@@ -249,3 +249,40 @@ def test_meta_runner_keeps_dtypes_and_devices():
     assert (ints.dtype, floats.dtype, flags.dtype) == (torch.int64, torch.float32, torch.bool)
     assert first.device.type == second.device.type == "cpu"
     assert [r.dtype for r in ranges] == [torch.int64, torch.float32]
+
+
+class Gated(nn.Module):
+    """A block whose checkpointed function runs ops between its modules."""
+
+    def __init__(self, d=16, mode=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+        self.mode = mode
+
+    def inner(self, x):
+        return self.b(torch.tanh(self.a(x)) * 3.0)
+
+    def forward(self, x):
+        if self.mode is None:
+            return self.inner(x)
+        return checkpoint(self.inner, x, use_reentrant=self.mode == "reentrant")
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
+def test_recompute_includes_ops_between_modules(mode):
+    """tanh and the scaling between the checkpointed modules are recompute of the enclosing
+    module, not backward: model flops equal the plain model's, recompute the forward's."""
+    x = torch.randn(4, 16)
+    with FlopCounter(plain := Gated()) as base:
+        plain(x.requires_grad_()).sum().backward()
+    with set_checkpoint_early_stop(False), FlopCounter(ck := Gated(mode=mode)) as fc:
+        ck(x.detach().requires_grad_()).sum().backward()
+    assert fc.model_flops() == base.model_flops()
+    loss = base.by_operator("forward")["aten.sum"].flops  # outside the checkpointed function
+    assert fc.by_phase()["recompute"].flops == base.by_phase()["forward"].flops - loss > 0
+    recompute, forward = fc.by_module("recompute"), base.by_module("forward")
+    for name in ("a", "b"):
+        assert recompute[name].flops == forward[name].flops, name
+    own = {r.operator for r in fc.records() if r.phase == "recompute" and r.module == ""}
+    assert {"aten.tanh", "aten.mul"} <= own
