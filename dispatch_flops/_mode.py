@@ -178,9 +178,10 @@ def _resolutions(registry: Registry, causal_unmasked_only: bool) -> dict:
 
 
 class CountingMode(TorchDispatchMode):
-    """Counts every op into the accumulators of the tracker's frames:
-    ``frame.<phase>[id(overload) or signature] = [calls, flops, macs, read, written, ns]``. ``tracker`` keeps
-    ``forward_acc`` pointed at the running frame's forward accumulator; see ``_tracker``.
+    """Counts every op into the accumulators of the tracker's frames: ``frame.<phase>[id(overload)
+    or signature] = [calls, flops, macs, read, written, ns, entry]`` (see the hot path).
+    ``tracker`` keeps ``forward_acc`` pointed at the running frame's accumulator for ops with no
+    autograd node (forward, optimizer, recompute); see ``_tracker``.
 
     Dicts on the hot path are keyed by ``id(func)``: ``OpOverload.__hash__`` is a Python-level
     call, and overloads are long-lived singletons (``resolved[id].func`` keeps each alive)."""

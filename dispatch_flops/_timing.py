@@ -34,14 +34,16 @@ def warm_dispatch() -> None:
         _dispatch_warm = True
 
 
-def _on_cuda(args) -> bool:
-    """Whether an op runs on CUDA: its first tensor argument (or first tensor of a list) is."""
+def _on_cuda(args, kwargs) -> bool:
+    """Whether an op runs on CUDA: its first tensor argument (or first tensor of a list) is,
+    or, for a factory (zeros, randn, arange), its ``device``."""
     for a in args:
         if isinstance(a, Tensor):
             return a.is_cuda
         if (a.__class__ is list or a.__class__ is tuple) and a and isinstance(a[0], Tensor):
             return a[0].is_cuda
-    return False
+    device = kwargs.get("device") if kwargs else None
+    return device is not None and torch.device(device).type == "cuda"
 
 
 class Timer:
@@ -62,7 +64,7 @@ class Timer:
     def run(self, func, args, kwargs):
         """``(out, (start, end))``: the op's output and when it started and ended (ns, or
         recorded CUDA events)."""
-        if self.cuda and _on_cuda(args):
+        if self.cuda and _on_cuda(args, kwargs):
             start = self._event()
             out = func(*args, **kwargs) if kwargs else func(*args)
             return out, (start, self._event())

@@ -2,7 +2,7 @@
 call's start and end, not only their summed time.
 
 ``TracingTimer`` is a ``Timer`` that also notes, for each op, the accumulator it was counted
-into (the ``[calls, flops, macs, read, written, ns]`` list the dispatch mode hands to
+into (the ``[calls, flops, macs, read, written, ns, entry]`` list the dispatch mode hands to
 ``add``) and, for each module call, the frame's span list. The dispatch mode and the hooks
 are the same as with plain timing; what an event means (op, module, phase, signature) is
 worked out only when the trace is read, by finding which frame and phase each noted list

@@ -157,7 +157,8 @@ class ModuleTracker:
     # -- hooks ------------------------------------------------------------------------------
     def _enter(self, frame: Frame) -> None:
         self.current = frame
-        self.mode.forward_acc = frame.recompute if self._recompute_depth else frame.forward
+        self.mode.forward_acc = (frame.recompute if self._recompute_depth
+                                 else frame.optimizer if self._optimizer_depth else frame.forward)
         self.boundary_seqs.append(_sequence_nr())
         self.boundary_frames.append(frame)
 
@@ -255,8 +256,8 @@ class ModuleTracker:
         return tensor
 
     def _step_begins(self, optimizer, args, kwargs) -> None:
-        self._optimizer_depth += 1
-        self.mode.forward_acc = self.root.optimizer
+        self._optimizer_depth += 1  # modules called inside the step stay in its phase
+        self.mode.forward_acc = self.current.optimizer
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
         self._optimizer_depth = max(0, self._optimizer_depth - 1)

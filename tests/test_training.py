@@ -286,3 +286,25 @@ def test_recompute_includes_ops_between_modules(mode):
         assert recompute[name].flops == forward[name].flops, name
     own = {r.operator for r in fc.records() if r.phase == "recompute" and r.module == ""}
     assert {"aten.tanh", "aten.mul"} <= own
+
+
+def test_module_called_inside_a_step_keeps_the_optimizer_phase():
+    """A module run inside optimizer.step() (an EMA model, a closure) counts in phase
+    optimizer, under that module, and the step's own ops after it stay in that phase."""
+    model = stacked_linears([4, 4, 2])
+
+    class Probing(torch.optim.SGD):
+        @torch.no_grad()
+        def step(self, closure=None):
+            model[0](torch.ones(2, 4))
+            return super().step(closure)
+
+    opt = Probing(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    with FlopCounter(model) as fc:
+        opt.step()
+    outside = {r.operator for r in fc.records() if r.phase != "optimizer"}
+    assert outside <= {"profiler._record_function_enter_new", "profiler._record_function_exit"}
+    assert fc.by_module("optimizer")["0"].exclusive.macs == 2 * 4 * 4
+    n = sum(p.numel() for p in model.parameters())
+    assert fc.by_module("optimizer")[ROOT].exclusive.flops >= 2 * n  # SGD after the call
