@@ -1,8 +1,10 @@
 """Small helpers for the tests: counting with ours and with torch's own counter."""
 
+import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from dispatch_flops import FlopCounter
+from dispatch_flops.models import GPT, GPTConfig
 
 
 def ours(fn, *args, model=None, **kwargs):
@@ -21,3 +23,17 @@ def macs_of(fc, *operators):
     """MACs of the given operators only (all when none given)."""
     by_op = fc.by_operator()
     return sum(s.macs for op, s in by_op.items() if not operators or op in operators)
+
+
+TINY = GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)
+
+
+def tiny_gpt():
+    """The built-in GPT at TINY's shapes, seeded."""
+    torch.manual_seed(0)
+    return GPT(TINY)
+
+
+def step(model, idx):
+    """One forward + backward."""
+    model(idx).sum().backward()

@@ -14,14 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from dispatch_flops import ROOT, Cost, FlopCounter, Stats, has_formula, register_formula
 from dispatch_flops.formulas import Registry
-from dispatch_flops.models import GPT, GPTConfig
+from helpers import TINY, tiny_gpt
 
-TINY = GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)
-
-
-def tiny_gpt():
-    torch.manual_seed(0)
-    return GPT(TINY)
 
 
 def run_gpt(model, backward=True):

@@ -13,18 +13,9 @@ from dispatch_flops import ROOT, FlopCounter, Stats, profile
 from dispatch_flops import _trace
 from dispatch_flops._results import PHASES
 from dispatch_flops.export import COLUMNS, rows
-from dispatch_flops.models import GPT, GPTConfig
-
-TINY = GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)
+from helpers import TINY, step, tiny_gpt
 
 
-def tiny_gpt():
-    torch.manual_seed(0)
-    return GPT(TINY)
-
-
-def step(model, idx):
-    model(idx).sum().backward()
 
 
 def ids(batch=2, seq=8):
