@@ -17,7 +17,6 @@ from dispatch_flops.formulas import Registry
 from helpers import TINY, tiny_gpt
 
 
-
 def run_gpt(model, backward=True):
     idx = torch.randint(0, TINY.vocab_size, (2, 8))
     out = model(idx)

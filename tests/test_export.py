@@ -16,8 +16,6 @@ from dispatch_flops.export import COLUMNS, rows
 from helpers import TINY, step, tiny_gpt
 
 
-
-
 def ids(batch=2, seq=8):
     return torch.randint(0, TINY.vocab_size, (batch, seq))
 

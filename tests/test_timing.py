@@ -21,8 +21,6 @@ from dispatch_flops import (
 from helpers import TINY, step, tiny_gpt
 
 
-
-
 def children(modules, name):
     if name == ROOT:
         return [n for n in modules if n and "." not in n]
