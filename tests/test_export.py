@@ -239,15 +239,21 @@ def check_trace_event_format(trace):
     return slices
 
 
-def test_chrome_trace_is_valid_and_adds_up(tmp_path):
-    """Valid Trace Event Format; forward and backward on their own tracks; the op slices'
-    flops and bytes sum to the run's, and their count per track to each phase's calls."""
+def traced_step(tmp_path):
+    """A tiny GPT's training step counted with trace=True, its trace written, read back and
+    checked against the Trace Event Format: (counter, trace, its slices)."""
     model = tiny_gpt()
     with FlopCounter(model, trace=True) as fc:
         step(model, ids())
     fc.to_chrome_trace(tmp_path / "trace.json")
     trace = load_trace(tmp_path / "trace.json")
-    slices = check_trace_event_format(trace)
+    return fc, trace, check_trace_event_format(trace)
+
+
+def test_chrome_trace_is_valid_and_adds_up(tmp_path):
+    """Valid Trace Event Format; forward and backward on their own tracks; the op slices'
+    flops and bytes sum to the run's, and their count per track to each phase's calls."""
+    fc, trace, slices = traced_step(tmp_path)
     tracks = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"]
               if e["name"] == "thread_name"}
     assert set(tracks) == {"step", "forward", "backward"}
@@ -316,12 +322,7 @@ def test_trace_needs_the_flag(tmp_path):
 
 def test_trace_past_its_limit_drops_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(_trace, "TRACE_LIMIT", 40)
-    model = tiny_gpt()
-    with FlopCounter(model, trace=True) as fc:
-        step(model, ids())
-    fc.to_chrome_trace(tmp_path / "trace.json")
-    trace = load_trace(tmp_path / "trace.json")
-    slices = check_trace_event_format(trace)
+    fc, trace, slices = traced_step(tmp_path)
     assert trace["otherData"]["dropped_events"] > 0
     kept = [e for e in slices if e["cat"] != "module" or "synthesized" not in e["args"]]
     assert len(kept) == 40  # the first 40 ops and module calls; the block's own span is later
