@@ -58,15 +58,15 @@ def _bytes(values) -> int:
     return total
 
 
-# In a signature, marks the real bytes of a tensor that is not contiguous (an expanded one
-# reads fewer bytes than its shape says); private, so no argument can be mistaken for it.
+# In a signature, marks the strides of a tensor that is not contiguous (an expanded one reads
+# fewer bytes than its shape says); private, so no argument can be mistaken for them.
 _STRIDED = object()
 
 
 def _tensor_key(t: Tensor) -> tuple:
     if t.is_contiguous():
         return (t.shape, t.dtype)
-    return (t.shape, t.dtype, _STRIDED, real_bytes(t))
+    return (t.shape, t.dtype, _STRIDED, t.stride())
 
 
 def _key(v):
@@ -148,14 +148,18 @@ def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> tuple:
 
 
 class _Resolved:
-    __slots__ = ("func", "category", "kind", "formula", "with_dtypes", "write_only", "mutated",
-                 "out_in_signature")
+    __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
+                 "write_only", "mutated", "out_in_signature")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
                  out_in_signature):
         self.func = func
+        # what runs the op: the overload's C++ entry when calling the overload would only
+        # forward to it (``OpOverload.__call__`` is one Python frame around ``_op``)
+        self.run = func._op if type(func) is torch._ops.OpOverload else func
         self.category = category  # the registry's verdict when resolved: what was counted
         self.kind = kind
+        self.view = kind == VIEW
         self.formula = formula
         self.with_dtypes = with_dtypes  # the formula declares ``dtypes``
         self.write_only = write_only
@@ -270,16 +274,15 @@ class CountingMode(TorchDispatchMode):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
         # case) and keep only ints. Records are [calls, flops, macs, read, written, ns, entry]:
         # counts and times by call, flops and bytes by the signature's ``entry`` when set.
-        runner = self.runner
-        if runner is None:
-            out = func(*args, **kwargs) if kwargs else func(*args)
-        else:
-            out, elapsed = runner.run(func, args, kwargs)
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
             resolved = self._resolve(func)
-        kind = resolved.kind
+        runner = self.runner
+        if runner is None:
+            out = resolved.run(*args, **kwargs) if kwargs else resolved.run(*args)
+        else:
+            out, elapsed = runner.run(func, args, kwargs)
         node = _current_node()
         if node is None or self.recomputing:  # recompute: the tracker points forward_acc
             acc = self.forward_acc
@@ -301,22 +304,24 @@ class CountingMode(TorchDispatchMode):
             hooks = _top_saved_tensors_hooks(False)
             if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
                 acc = self._recompute_acc(hooks[0], seq)
-        if kind == VIEW:  # no arithmetic, no bytes: count the call
+        if resolved.view:  # no arithmetic, no bytes: count the call
             rec = acc.get(key)
             if rec is None:
                 rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
         else:
             # An op's flops and bytes are functions of its signature: the op and its arguments
-            # as shapes and dtypes, plus real bytes where strides make them differ. Count calls
-            # per signature here; each distinct one is worked out once (``_call_entry``) and
-            # priced when results are read.
+            # as shapes and dtypes, plus strides where the tensor is not contiguous (an
+            # expanded one reads fewer bytes than its shape says). Count calls per signature
+            # here; each distinct one is worked out once (``_call_entry``) and priced when
+            # results are read.
             sig = [key]
             for a in args:
                 if isinstance(a, Tensor):
                     sig.append(a.shape)
                     sig.append(a.dtype)
                     if not a.is_contiguous():
-                        sig.append((_STRIDED, real_bytes(a)))
+                        sig.append(_STRIDED)
+                        sig.append(a.stride())
                 elif a.__class__ is list or a.__class__ is tuple:
                     sig.append(_key(a))
                 else:
