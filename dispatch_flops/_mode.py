@@ -210,6 +210,7 @@ class CountingMode(TorchDispatchMode):
         self._boundary_frames = tracker.boundary_frames
         self._last_seq = -1
         self._last_acc: dict = {}
+        self._book = tracker.ledger.records  # every record made goes here too (see Ledger)
 
     def _recompute_acc(self, hook, seq: int) -> dict:
         """Where an op that non-reentrant checkpointing re-runs outside any module call goes:
@@ -308,6 +309,7 @@ class CountingMode(TorchDispatchMode):
             rec = acc.get(key)
             if rec is None:
                 rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
+                self._book.append(rec)
         else:
             # An op's flops and bytes are functions of its signature: the op and its arguments
             # as shapes and dtypes, plus strides where the tensor is not contiguous (an
@@ -338,10 +340,12 @@ class CountingMode(TorchDispatchMode):
                 if rec is None:  # the record keeps its signature's worked-out entry
                     rec = acc[sig] = [0, 0, 0, 0, 0, 0,
                                       _call_entry(self._shared, sig, resolved, args, kwargs, out)]
+                    self._book.append(rec)
             except TypeError:  # unhashable (symbolic) sizes: work it out now, under the op key
                 rec = acc.get(key)
                 if rec is None:
                     rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
+                    self._book.append(rec)
                 call, read, written = _work_out(resolved, args, kwargs, out)
                 cost = self._price(key, call)
                 rec[1] += cost.flops
@@ -352,3 +356,4 @@ class CountingMode(TorchDispatchMode):
         if runner is not None:
             runner.add(rec, 5, elapsed)
         return out
+

@@ -12,6 +12,8 @@ whose forward created it, whether or not that module's inputs required grad.
 
 from __future__ import annotations
 
+import weakref
+from itertools import chain
 from typing import Optional
 
 import torch
@@ -28,6 +30,8 @@ from torch.optim.optimizer import (
 from ._results import BACKWARD, FORWARD, OPTIMIZER, RECOMPUTE, ROOT
 
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
+# an op record: [calls, flops, macs, bytes_read, bytes_written, ns, signature entry or None]
+RECORD_FIELDS = 7
 _sequence_nr = torch.autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
@@ -70,11 +74,14 @@ class Frame:
     bytes_written, ns]``; the dispatch mode writes them, the report reads them."""
 
     __slots__ = ("name", "parent", "stack", "children", "calls", "forward", "backward",
-                 "optimizer", "recompute", "span", "saved")
+                 "optimizer", "recompute", "span", "saved", "book")
 
-    def __init__(self, name: str, parent: Optional["Frame"]):
+    def __init__(self, name: str, parent: Optional["Frame"], book: Optional[list] = None):
         self.name = name
         self.parent = parent
+        # every frame of the tree, in the order they were made (parents before children)
+        self.book: list = parent.book if parent is not None else book if book is not None else []
+        self.book.append(self)
         self.stack: tuple = (name,) if parent is None else parent.stack + (name,)
         self.children: dict[str, Frame] = {}
         self.calls = 0  # forward calls of the module that entered this frame
@@ -97,6 +104,62 @@ class Frame:
                 (OPTIMIZER, self.optimizer), (RECOMPUTE, self.recompute))
 
 
+_LEDGER_RECORDS_CAP = 100_000  # a ledger holding more is replaced (shapes that keep changing)
+
+
+class Ledger:
+    """The frames and op records of counting one model, kept from one counter to the next.
+
+    A counter that finds its model's ledger free counts into it: the frames and records its
+    ops need are already there, so entering a new ``FlopCounter(model)`` every step costs what
+    keeping one open does. Counts only grow; each counter snapshots them when it enters and
+    when it leaves, and reads its own results as the difference (see ``ModuleTracker``).
+    A ledger counts for one counter at a time: a nested counter gets a new one."""
+
+    __slots__ = ("root", "frames", "records", "busy")
+
+    def __init__(self):
+        self.frames: list[Frame] = []  # every frame, in the order they were made
+        self.records: list[list] = []  # every op record of every frame, in the same order
+        self.busy = False
+        self.root = Frame(ROOT, None, self.frames)
+
+    def snapshot(self) -> tuple[list, list]:
+        """Every record's fields, flat, and every frame's (calls, span, saved)."""
+        return (list(chain.from_iterable(self.records)),
+                [(f.calls, f.span[0], f.saved) for f in self.frames])
+
+
+def shared_ledger(cache: dict, model: Optional[nn.Module], options) -> Ledger:
+    """The ledger of ``model`` (None: counting without one) under ``options``, kept in
+    ``cache`` (the registry's lookup cache: a registry change starts new ledgers) while the
+    model lives; a new one when it is counting already, or too large."""
+    ledgers = cache.setdefault("ledgers", {})
+    key = (id(model), options)
+    found = ledgers.get(key)
+    if found is not None:
+        ref, ledger = found
+        if ref() is model and not ledger.busy and len(ledger.records) < _LEDGER_RECORDS_CAP:
+            ledger.busy = True
+            return ledger
+        if ref() is model and ledger.busy:  # nested: the outer counter holds it
+            ledger = Ledger()
+            ledger.busy = True
+            return ledger
+    ledger = Ledger()
+    ledger.busy = True
+    if model is None:
+        ref = _no_model
+    else:
+        ref = weakref.ref(model, lambda _, ledgers=ledgers, key=key: ledgers.pop(key, None))
+    ledgers[key] = (ref, ledger)
+    return ledger
+
+
+def _no_model() -> None:
+    return None
+
+
 class ModuleTracker:
     """Maintains the running frame of ``model`` through hooks it removes on detach, and tells
     ``mode`` (through ``mode.forward_acc``) where forward ops go.
@@ -105,12 +168,19 @@ class ModuleTracker:
     >>> tracker.attach(); model(x); tracker.detach()
     """
 
-    def __init__(self, model: Optional[nn.Module], mode, timer=None):
+    def __init__(self, model: Optional[nn.Module], mode, timer=None,
+                 ledger: Optional[Ledger] = None):
         self.model = model
         self.mode = mode
         self.timer = timer
         self._open: list = []  # (frame, start mark) of module calls running, when timing
-        self.root = Frame(ROOT, None)
+        # a shared ledger (see Ledger) is read through snapshots; a private one directly
+        self.shared = ledger is not None
+        self.ledger = ledger if ledger is not None else Ledger()
+        self._base = self.ledger.snapshot() if self.shared else None
+        self._end: Optional[tuple] = None
+        self._view: Optional[Frame] = None
+        self.root = self.ledger.root
         self.current = self.root
         # frame entered at each module boundary, with the sequence number noted there; the
         # sentinel makes ``frames[bisect_right(seqs, s) - 1]`` valid for any s
@@ -154,6 +224,12 @@ class ModuleTracker:
             handle.remove()
         self._handles.clear()
 
+    def close(self) -> None:
+        """Counting is over: keep this counter's end of a shared ledger and free it."""
+        if self.shared and self._end is None:
+            self._end = self.ledger.snapshot()
+            self.ledger.busy = False
+
     # -- hooks ------------------------------------------------------------------------------
     def _enter(self, frame: Frame) -> None:
         self.current = frame
@@ -177,7 +253,8 @@ class ModuleTracker:
             frame = self.current.children.get(name)
             if frame is None:
                 frame = self.current.child(name)
-                self._first_frames.setdefault(name, frame)
+            if name not in self._first_frames:  # per counter: a ledger's frames outlive it
+                self._first_frames[name] = frame
             frame.calls += 1
             self._enter(frame)
         if self.timer is not None:
@@ -310,9 +387,52 @@ class ModuleTracker:
         """The model's module names in ``named_modules()`` order (none without a model)."""
         return list(self._name_of.values())
 
+    def counted_root(self) -> Frame:
+        """The root of what this counter counted: the ledger's own tree when it is private; from
+        a shared one, a tree of the differences between this counter's snapshots (the end one
+        taken now while counting), with only the frames this counter ran."""
+        if not self.shared:
+            return self.root
+        if self._view is not None:
+            return self._view
+        records, frames = self._end or self.ledger.snapshot()
+        base_records, base_frames = self._base
+        index = {id(rec): i for i, rec in enumerate(self.ledger.records)}
+        copies: dict[int, Frame] = {}
+        active: set[int] = set()
+        for i, frame in enumerate(self.ledger.frames[: len(frames)]):
+            before = base_frames[i] if i < len(base_frames) else (0, 0, 0)
+            if frame.parent is None:
+                copy = Frame(frame.name, None)
+            else:
+                copy = copies[id(frame.parent)].child(frame.name)
+            copies[id(frame)] = copy
+            copy.calls, copy.span[0], copy.saved = (a - b for a, b in zip(frames[i], before))
+            if copy.calls or copy.span[0] or copy.saved:
+                active.add(id(copy))
+            for (_, acc), (_, mine) in zip(frame.accumulators(), copy.accumulators()):
+                for key, rec in acc.items():
+                    at = index[id(rec)] * RECORD_FIELDS
+                    if at >= len(records):  # made after this counter ended
+                        continue
+                    after = records[at: at + RECORD_FIELDS - 1]
+                    counts = after if at >= len(base_records) else [
+                        a - b for a, b in zip(after, base_records[at: at + RECORD_FIELDS - 1])]
+                    if any(counts):
+                        mine[key] = counts + [rec[-1]]
+                        active.add(id(copy))
+        root = copies[id(self.ledger.root)]
+        # leave out the frames this counter never ran: children come after their parents
+        for copy in reversed(root.book):
+            if copy.parent is not None and id(copy) not in active and not copy.children:
+                del copy.parent.children[copy.name]
+        if self._end is not None:
+            self._view = root
+        return root
+
     def frames(self) -> list[Frame]:
         """Every frame, root first, parents before children."""
-        out, todo = [], [self.root]
+        out, todo = [], [self.counted_root()]
         while todo:
             frame = todo.pop()
             out.append(frame)
@@ -327,10 +447,11 @@ class ModuleTracker:
             self.timer.resolve()
         calls = self.call_counts()
         out: dict[str, int] = {}
-        todo = [(self.root, frozenset())]
+        root = self.counted_root()
+        todo = [(root, frozenset())]
         while todo:
             frame, above = todo.pop()
-            if frame is not self.root or self.root_calls:
+            if frame is not root or self.root_calls:
                 if frame.name not in above:
                     out[frame.name] = out.get(frame.name, 0) + frame.span[0]
                     parent = frame.parent.name if frame.parent is not None else None

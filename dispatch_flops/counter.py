@@ -34,7 +34,7 @@ from ._results import (
 from ._roofline import DEVICES, DeviceSpec, Roofline, device_spec
 from ._timing import Timer
 from ._trace import TracingTimer
-from ._tracker import ModuleTracker
+from ._tracker import ModuleTracker, shared_ledger
 
 ATTENTION_MODES = ("dense", "causal")
 SCHEMA_VERSION = 1  # of to_dict() / to_json(): docs/schema.md; bump on a breaking change
@@ -114,10 +114,20 @@ class FlopCounter:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
         timer = (TracingTimer() if self.trace else Timer()) if self.timing else None
         runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
-        mode = CountingMode(self.registry, self.attention == "causal", runner)
-        tracker = ModuleTracker(self.model, mode, timer)
-        mode.bind(tracker)
-        tracker.attach()
+        causal = self.attention == "causal"
+        mode = CountingMode(self.registry, causal, runner)
+        # without timing, frames and records are kept for the next counter on the same model
+        # (a trace or timings keep their own: they point at them while counting)
+        ledger = shared_ledger(self.registry.lookup_cache, self.model, causal) \
+            if timer is None else None
+        try:
+            tracker = ModuleTracker(self.model, mode, timer, ledger)
+            mode.bind(tracker)
+            tracker.attach()
+        except BaseException:
+            if ledger is not None:
+                ledger.busy = False
+            raise
         saved_hooks = None
         try:
             mode.__enter__()
@@ -131,6 +141,7 @@ class FlopCounter:
                     raise
         except BaseException:
             tracker.detach()
+            tracker.close()
             raise
         self._saved_hooks = saved_hooks
         self._tracker, self._mode, self._active, self._records = tracker, mode, True, None
@@ -147,6 +158,7 @@ class FlopCounter:
             self._mode.__exit__(exc_type, exc, tb)
         finally:
             self._tracker.detach()
+            self._tracker.close()
             if self._timer is not None:
                 self._timer.span(self._wall, 0, self._wall_start, self._timer.mark())
             self._active = False

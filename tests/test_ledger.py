@@ -1,0 +1,155 @@
+"""Counters entered one after another on the same model share its ledger of frames and
+records (see ``_tracker.Ledger``); each must still read exactly its own block."""
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+from dispatch_flops import FlopCounter
+from dispatch_flops.formulas import REGISTRY, Registry
+from helpers import TINY, tiny_gpt
+
+
+def _first(model, **kwargs) -> FlopCounter:
+    """A counter that finds no ledger: what any counter would report with no history."""
+    REGISTRY.lookup_cache.pop("ledgers", None)
+    return FlopCounter(model, **kwargs)
+
+
+def _idx(batch=2, tokens=8):
+    return torch.randint(0, TINY.vocab_size, (batch, tokens))
+
+
+def step(model, idx):
+    """One forward + backward from no gradients: the same ops every time."""
+    model.zero_grad(set_to_none=True)
+    model(idx).sum().backward()
+
+
+def test_each_counter_reads_only_its_own_block():
+    """Later counters on the same model give what a first counter gives for the same work,
+    and an earlier counter's results do not move when later ones count."""
+    model, idx = tiny_gpt(), _idx()
+    with _first(model) as alone:
+        step(model, idx)
+    first = []
+    for _ in range(3):
+        with FlopCounter(model) as fc:
+            step(model, idx)
+        first.append(fc)
+    with FlopCounter(model) as forward_only:
+        model(idx)
+    assert first[0].to_dict() == alone.to_dict()
+    for fc in first:
+        assert fc.total == first[0].total
+        assert fc.by_module() == first[0].by_module()
+        assert fc.records() == first[0].records()
+    assert first[0].records() and set(first[0].by_phase()) == set(alone.by_phase())
+    # the forward-only block: no backward, and just one call of each module
+    phases = forward_only.by_phase()
+    assert phases["backward"].calls == 0
+    block = forward_only.by_module()["blocks.0"]
+    assert block.calls == 1
+    assert block.inclusive == first[0].by_module(phase="forward")["blocks.0"].inclusive
+
+
+def test_results_match_a_counter_with_its_own_ledger():
+    """The shared ledger changes nothing a report shows: same figures as a private one."""
+    model, idx = tiny_gpt(), _idx()
+    with FlopCounter(model):  # the ledger now has history, other shapes among it
+        step(model, idx)
+        model(_idx(1, 4))
+    with FlopCounter(model) as shared:
+        step(model, idx)
+    with _first(model) as private:
+        step(model, idx)
+    assert shared.total == private.total
+    assert shared.by_module() == private.by_module()
+    assert shared.table() == private.table()
+    assert shared.to_dict() == private.to_dict()
+
+
+def test_modules_run_only_before_are_not_reported():
+    """A module that ran under an earlier counter, not this one, is absent from its report."""
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x, use_b):
+            x = self.a(x)
+            return self.b(x) if use_b else x
+
+    model, x = Two(), torch.randn(2, 4)
+    with FlopCounter(model) as both:
+        model(x, True)
+    with FlopCounter(model) as only_a:
+        model(x, False)
+    assert set(both.by_module()) == {"", "a", "b"}
+    assert set(only_a.by_module()) == {"", "a"}
+    assert only_a.total.macs == 2 * 4 * 4
+    assert both.total.macs == 2 * 2 * 4 * 4  # unchanged by the later counter
+
+
+def test_reading_while_counting_then_after():
+    model, idx = tiny_gpt(), _idx()
+    with FlopCounter(model):
+        step(model, idx)
+    with FlopCounter(model) as fc:
+        model(idx)
+        during = fc.total
+        step(model, idx)
+    assert during.flops and fc.total.flops > during.flops
+    with _first(model) as check:
+        model(idx)
+        step(model, idx)
+    assert fc.to_dict() == check.to_dict()
+
+
+def test_nested_counters_on_one_model_count_apart():
+    """Both count every op of the inner block: the inner one cannot share the outer's ledger."""
+    model, idx = tiny_gpt(), _idx()
+    with FlopCounter(model) as outer:
+        model(idx)
+        with FlopCounter(model) as inner:
+            model(idx)
+    assert outer.total.flops == 2 * inner.total.flops
+    assert outer.by_module()["blocks.0"].calls == 2 and inner.by_module()["blocks.0"].calls == 1
+    with FlopCounter(model) as after:  # the outer's ledger is free again
+        model(idx)
+    assert after.total == inner.total
+
+
+def test_a_block_that_raises_frees_the_ledger():
+    model, idx = tiny_gpt(), _idx()
+    with pytest.raises(ValueError):
+        with FlopCounter(model):
+            model(idx)
+            raise ValueError
+    assert not any(ledger.busy for _, ledger in REGISTRY.lookup_cache["ledgers"].values())
+    with FlopCounter(model) as fc:
+        model(idx)
+    with _first(model) as check:
+        model(idx)
+    assert fc.to_dict() == check.to_dict()
+
+
+def test_ledger_goes_with_its_model_and_a_registry_change():
+    registry = Registry()
+    model = nn.Linear(3, 3)
+    with FlopCounter(model, registry=registry):
+        model(torch.randn(1, 3))
+    ledgers = registry.lookup_cache["ledgers"]
+    assert len(ledgers) == 1
+    del model
+    gc.collect()
+    assert not ledgers  # nothing kept for a model that is gone
+    model = nn.Linear(3, 3)
+    with FlopCounter(model, registry=registry):
+        model(torch.randn(1, 3))
+    registry.formula(torch.ops.aten.cos)(lambda a, *, out_shape: None)  # any change
+    assert "ledgers" not in registry.lookup_cache
+
