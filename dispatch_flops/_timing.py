@@ -24,14 +24,17 @@ _dispatch_warm = False
 
 
 def warm_dispatch() -> None:
-    """torch wraps every dispatch mode's ``__torch_dispatch__`` so that its first call in a
-    process imports ``torch._dynamo`` (about a second on a CPU). Pay that once, before any
-    clock starts, not inside the first op's and module's latency."""
+    """Where torch wraps our dispatch mode's ``__torch_dispatch__`` (see
+    ``CountingMode._should_skip_dynamo``), its first call in a process imports
+    ``torch._dynamo`` (about a second on a CPU). Pay that once, before any clock starts, not
+    inside the first op's and module's latency."""
     global _dispatch_warm
-    if not _dispatch_warm:
+    from ._mode import CountingMode
+
+    if not _dispatch_warm and CountingMode._should_skip_dynamo():
         with _Nothing():
             torch.empty(0)
-        _dispatch_warm = True
+    _dispatch_warm = True
 
 
 def _on_cuda(args, kwargs) -> bool:

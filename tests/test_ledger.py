@@ -1,5 +1,7 @@
 """Counters entered one after another on the same model share its ledger of frames and
-records (see ``_tracker.Ledger``); each must still read exactly its own block."""
+records (see ``_tracker.Ledger``); each must still read exactly its own block. And the
+counting mode, which skips torch's per-op dynamo wrapper, must stay invisible to torch.compile.
+"""
 
 import gc
 
@@ -153,3 +155,25 @@ def test_ledger_goes_with_its_model_and_a_registry_change():
     registry.formula(torch.ops.aten.cos)(lambda a, *, out_shape: None)  # any change
     assert "ledgers" not in registry.lookup_cache
 
+
+def test_torch_compile_never_traces_the_counter():
+    """torch.compile inside the block compiles none of our frames (as with torch's own
+    wrapper) and the ops it runs are all counted, as in eager."""
+    from torch._dynamo.utils import counters
+
+    def fn(x):
+        y = x.cos()
+        torch._dynamo.graph_break()
+        return (y @ y.T).exp()
+
+    x = torch.randn(4, 4)
+    with FlopCounter() as eager:
+        fn(x)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, backend="eager")
+    with FlopCounter() as fc:
+        compiled(x)
+    assert not counters["frames"]["ok"]
+    assert fc.total == eager.total
+    assert fc.by_operator()["aten.mm"].macs == 4 * 4 * 4
