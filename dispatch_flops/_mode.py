@@ -372,6 +372,7 @@ class CountingMode(TorchDispatchMode):
                 if rec is None:
                     rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
                     self._book.append(rec)
+                    self.tracker.ledger.priced.append(rec)
                 call, read, written = _work_out(resolved, args, kwargs, out)
                 cost = self._price(key, call)
                 rec[1] += cost.flops

@@ -13,7 +13,7 @@ whose forward created it, whether or not that module's inputs required grad.
 from __future__ import annotations
 
 import weakref
-from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Optional
 
 import torch
@@ -116,18 +116,28 @@ class Ledger:
     when it leaves, and reads its own results as the difference (see ``ModuleTracker``).
     A ledger counts for one counter at a time: a nested counter gets a new one."""
 
-    __slots__ = ("root", "frames", "records", "busy")
+    __slots__ = ("root", "frames", "records", "priced", "busy")
 
     def __init__(self):
         self.frames: list[Frame] = []  # every frame, in the order they were made
         self.records: list[list] = []  # every op record of every frame, in the same order
+        # the records priced as they were counted (unhashable, symbolic, sizes), whose flops
+        # and bytes fields grow too; all others only grow their calls (a shared ledger is
+        # never timed, so no ns either)
+        self.priced: list[list] = []
         self.busy = False
         self.root = Frame(ROOT, None, self.frames)
 
-    def snapshot(self) -> tuple[list, list]:
-        """Every record's fields, flat, and every frame's (calls, span, saved)."""
-        return (list(chain.from_iterable(self.records)),
-                [(f.calls, f.span[0], f.saved) for f in self.frames])
+    def snapshot(self) -> tuple:
+        """What grows: every record's calls, the priced records' fields, every frame's calls
+        and saved bytes."""
+        return (list(map(_first_field, self.records)), [rec[:] for rec in self.priced],
+                list(map(_calls_of, self.frames)), list(map(_saved_of, self.frames)))
+
+
+_first_field = itemgetter(0)
+_calls_of = attrgetter("calls")
+_saved_of = attrgetter("saved")
 
 
 def shared_ledger(cache: dict, model: Optional[nn.Module], options) -> Ledger:
@@ -226,6 +236,7 @@ class ModuleTracker:
 
     def close(self) -> None:
         """Counting is over: keep this counter's end of a shared ledger and free it."""
+        self.mode.tracker = None  # no cycle left for the garbage collector to find
         if self.shared and self._end is None:
             self._end = self.ledger.snapshot()
             self.ledger.busy = False
@@ -395,31 +406,40 @@ class ModuleTracker:
             return self.root
         if self._view is not None:
             return self._view
-        records, frames = self._end or self.ledger.snapshot()
-        base_records, base_frames = self._base
+        calls, priced, frame_calls, saved = self._end or self.ledger.snapshot()
+        base_calls, base_priced, base_frame_calls, base_saved = self._base
+        # the priced records' fields at both ends, the others' calls
+        ends = {id(rec): rec for rec in priced}
+        starts = {id(rec): rec for rec in base_priced}
         index = {id(rec): i for i, rec in enumerate(self.ledger.records)}
         copies: dict[int, Frame] = {}
         active: set[int] = set()
-        for i, frame in enumerate(self.ledger.frames[: len(frames)]):
-            before = base_frames[i] if i < len(base_frames) else (0, 0, 0)
+        for i, frame in enumerate(self.ledger.frames[: len(frame_calls)]):
             if frame.parent is None:
                 copy = Frame(frame.name, None)
             else:
                 copy = copies[id(frame.parent)].child(frame.name)
             copies[id(frame)] = copy
-            copy.calls, copy.span[0], copy.saved = (a - b for a, b in zip(frames[i], before))
-            if copy.calls or copy.span[0] or copy.saved:
+            before = i < len(base_frame_calls)
+            copy.calls = frame_calls[i] - (base_frame_calls[i] if before else 0)
+            copy.saved = saved[i] - (base_saved[i] if before else 0)
+            if copy.calls or copy.saved:
                 active.add(id(copy))
             for (_, acc), (_, mine) in zip(frame.accumulators(), copy.accumulators()):
                 for key, rec in acc.items():
-                    at = index[id(rec)] * RECORD_FIELDS
-                    if at >= len(records):  # made after this counter ended
+                    at = index[id(rec)]
+                    if at >= len(calls):  # made after this counter ended
                         continue
-                    after = records[at: at + RECORD_FIELDS - 1]
-                    counts = after if at >= len(base_records) else [
-                        a - b for a, b in zip(after, base_records[at: at + RECORD_FIELDS - 1])]
-                    if any(counts):
-                        mine[key] = counts + [rec[-1]]
+                    end = ends.get(id(rec))
+                    if end is None:
+                        n = calls[at] - (base_calls[at] if at < len(base_calls) else 0)
+                        counts = [n, 0, 0, 0, 0, 0, rec[-1]] if n else None
+                    else:
+                        start = starts.get(id(rec), (0,) * (RECORD_FIELDS - 1))
+                        counts = [a - b for a, b in zip(end[:-1], start)] + [None]
+                        counts = counts if any(counts[:-1]) else None
+                    if counts is not None:
+                        mine[key] = counts
                         active.add(id(copy))
         root = copies[id(self.ledger.root)]
         # leave out the frames this counter never ran: children come after their parents
