@@ -32,6 +32,8 @@ from ._results import BACKWARD, FORWARD, OPTIMIZER, RECOMPUTE, ROOT
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 # an op record: [calls, flops, macs, bytes_read, bytes_written, ns, signature entry or None]
 RECORD_FIELDS = 7
+# module boundaries kept for attributing backward ops (see _forget_oldest_boundaries)
+BOUNDARY_WINDOW = 100_000
 _sequence_nr = torch.autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
@@ -116,7 +118,7 @@ class Ledger:
     when it leaves, and reads its own results as the difference (see ``ModuleTracker``).
     A ledger counts for one counter at a time: a nested counter gets a new one."""
 
-    __slots__ = ("root", "frames", "records", "priced", "busy")
+    __slots__ = ("root", "frames", "records", "priced", "busy", "last_end")
 
     def __init__(self):
         self.frames: list[Frame] = []  # every frame, in the order they were made
@@ -126,6 +128,9 @@ class Ledger:
         # never timed, so no ns either)
         self.priced: list[list] = []
         self.busy = False
+        # the snapshot its last counter ended on: nothing counts into a ledger between two
+        # counters, so it is where the next one starts
+        self.last_end: Optional[tuple] = None
         self.root = Frame(ROOT, None, self.frames)
 
     def snapshot(self) -> tuple:
@@ -187,7 +192,7 @@ class ModuleTracker:
         # a shared ledger (see Ledger) is read through snapshots; a private one directly
         self.shared = ledger is not None
         self.ledger = ledger if ledger is not None else Ledger()
-        self._base = self.ledger.snapshot() if self.shared else None
+        self._base = (self.ledger.last_end or self.ledger.snapshot()) if self.shared else None
         self._end: Optional[tuple] = None
         self._view: Optional[Frame] = None
         self.root = self.ledger.root
@@ -238,7 +243,7 @@ class ModuleTracker:
         """Counting is over: keep this counter's end of a shared ledger and free it."""
         self.mode.tracker = None  # no cycle left for the garbage collector to find
         if self.shared and self._end is None:
-            self._end = self.ledger.snapshot()
+            self._end = self.ledger.last_end = self.ledger.snapshot()
             self.ledger.busy = False
 
     # -- hooks ------------------------------------------------------------------------------
@@ -248,6 +253,16 @@ class ModuleTracker:
                                  else frame.optimizer if self._optimizer_depth else frame.forward)
         self.boundary_seqs.append(_sequence_nr())
         self.boundary_frames.append(frame)
+        if len(self.boundary_frames) > 2 * BOUNDARY_WINDOW:
+            self._forget_oldest_boundaries()
+
+    def _forget_oldest_boundaries(self) -> None:
+        """Keep a counter open for a whole training run in bounded memory: only the last
+        ``BOUNDARY_WINDOW`` module boundaries are kept (in place: the mode holds the lists).
+        Backward ops of a node created before them, which no training loop runs, go to the
+        root's frame (the sentinel kept at the front)."""
+        del self.boundary_seqs[1: -BOUNDARY_WINDOW]
+        del self.boundary_frames[1: -BOUNDARY_WINDOW]
 
     def _push(self, module, args) -> None:
         name = self._name_of.get(id(module))

@@ -177,3 +177,23 @@ def test_torch_compile_never_traces_the_counter():
     assert not counters["frames"]["ok"]
     assert fc.total == eager.total
     assert fc.by_operator()["aten.mm"].macs == 4 * 4 * 4
+
+
+def test_one_counter_for_a_long_run_keeps_a_window_of_boundaries(monkeypatch):
+    """Module boundaries (for attributing backward ops) are kept in a window, so a counter
+    left open across a training run stays small; a window as long as one step changes
+    nothing."""
+    from dispatch_flops import _tracker
+
+    model, idx = tiny_gpt(), _idx()
+    with _first(model) as one:
+        step(model, idx)
+    per_step = len(one._tracker.boundary_frames) - 1
+    monkeypatch.setattr(_tracker, "BOUNDARY_WINDOW", per_step)
+    with FlopCounter(model) as five:
+        for _ in range(5):
+            step(model, idx)
+    assert len(five._tracker.boundary_frames) <= 2 * per_step + 1
+    for name, stats in one.by_module().items():
+        assert five.by_module()[name].inclusive.flops == 5 * stats.inclusive.flops
+        assert five.by_module()[name].exclusive.macs == 5 * stats.exclusive.macs
