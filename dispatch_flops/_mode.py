@@ -317,20 +317,21 @@ class CountingMode(TorchDispatchMode):
             # the frame entered last before the node was created; AccumulateGrad nodes all
             # carry the same sequence number and go to their parameter's module instead
             seq = node._sequence_nr()
-            if seq == self._last_seq:  # a node runs several ops in a row
-                acc = self._last_acc
-            elif seq == _ACCUMULATE_GRAD_SEQ:
+            if seq == _ACCUMULATE_GRAD_SEQ:  # saves nothing, so never re-runs forward
                 acc = self.tracker.frame_of_accumulation(node).backward
             else:
-                frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
-                # reentrant checkpointing re-runs forward inside its own node's backward: the
-                # node's ops are recompute, in the frame where checkpoint was called
-                acc = frame.recompute if node.name() == _REENTRANT else frame.backward
-                self._last_seq = seq
-                self._last_acc = acc
-            hooks = _top_saved_tensors_hooks(False)
-            if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
-                acc = self._recompute_acc(hooks[0], seq)
+                if seq == self._last_seq:  # a node runs several ops in a row
+                    acc = self._last_acc
+                else:
+                    frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
+                    # reentrant checkpointing re-runs forward inside its own node's backward:
+                    # the node's ops are recompute, in the frame where checkpoint was called
+                    acc = frame.recompute if node.name() == _REENTRANT else frame.backward
+                    self._last_seq = seq
+                    self._last_acc = acc
+                hooks = _top_saved_tensors_hooks(False)
+                if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
+                    acc = self._recompute_acc(hooks[0], seq)
         if resolved.view:  # no arithmetic, no bytes: count the call
             rec = acc.get(key)
             if rec is None:
