@@ -70,8 +70,8 @@ def _tensor_key(t: Tensor) -> tuple:
 
 
 def _key(v):
-    """A hashable stand-in for one argument: a tensor becomes its shape and dtype (and real
-    bytes when not contiguous), a list or tuple a tuple of those. Never holds a tensor."""
+    """A hashable stand-in for one argument: a tensor becomes its shape and dtype (and its
+    strides when not contiguous), a list or tuple a tuple of those. Never holds a tensor."""
     if isinstance(v, Tensor):
         return _tensor_key(v)
     if v.__class__ is list or v.__class__ is tuple:

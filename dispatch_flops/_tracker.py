@@ -12,6 +12,7 @@ whose forward created it, whether or not that module's inputs required grad.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from operator import attrgetter, itemgetter
 from typing import Optional
@@ -26,6 +27,8 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ._results import BACKWARD, FORWARD, OPTIMIZER, RECOMPUTE, ROOT
 
@@ -106,7 +109,8 @@ class Frame:
                 (OPTIMIZER, self.optimizer), (RECOMPUTE, self.recompute))
 
 
-_LEDGER_RECORDS_CAP = 100_000  # a ledger holding more is replaced (shapes that keep changing)
+# a ledger holding more records is replaced: each counter's snapshots and report walk them all
+_LEDGER_RECORDS_CAP = 10_000
 
 
 class Ledger:
@@ -118,7 +122,7 @@ class Ledger:
     when it leaves, and reads its own results as the difference (see ``ModuleTracker``).
     A ledger counts for one counter at a time: a nested counter gets a new one."""
 
-    __slots__ = ("root", "frames", "records", "priced", "busy", "last_end")
+    __slots__ = ("root", "frames", "records", "priced", "busy", "last_end", "home")
 
     def __init__(self):
         self.frames: list[Frame] = []  # every frame, in the order they were made
@@ -131,7 +135,16 @@ class Ledger:
         # the snapshot its last counter ended on: nothing counts into a ledger between two
         # counters, so it is where the next one starts
         self.last_end: Optional[tuple] = None
+        self.home: Optional[tuple] = None  # (ledgers, key) where shared_ledger keeps it
         self.root = Frame(ROOT, None, self.frames)
+
+    def retire(self) -> None:
+        """Never hand this ledger to another counter (a mode still counts into it)."""
+        if self.home is not None:
+            ledgers, key = self.home
+            found = ledgers.get(key)
+            if found is not None and found[1] is self:
+                del ledgers[key]
 
     def snapshot(self) -> tuple:
         """What grows: every record's calls, the priced records' fields, every frame's calls
@@ -145,34 +158,32 @@ _calls_of = attrgetter("calls")
 _saved_of = attrgetter("saved")
 
 
-def shared_ledger(cache: dict, model: Optional[nn.Module], options) -> Ledger:
-    """The ledger of ``model`` (None: counting without one) under ``options``, kept in
-    ``cache`` (the registry's lookup cache: a registry change starts new ledgers) while the
-    model lives; a new one when it is counting already, or too large."""
-    ledgers = cache.setdefault("ledgers", {})
-    key = (id(model), options)
-    found = ledgers.get(key)
-    if found is not None:
-        ref, ledger = found
-        if ref() is model and not ledger.busy and len(ledger.records) < _LEDGER_RECORDS_CAP:
-            ledger.busy = True
-            return ledger
-        if ref() is model and ledger.busy:  # nested: the outer counter holds it
-            ledger = Ledger()
-            ledger.busy = True
-            return ledger
-    ledger = Ledger()
-    ledger.busy = True
-    if model is None:
-        ref = _no_model
-    else:
+def shared_ledger(cache: dict, model: nn.Module, options) -> Ledger:
+    """The ledger of ``model`` under ``options``, kept in ``cache`` (the registry's lookup
+    cache: a registry change starts new ledgers) while the model lives; a new one when it is
+    counting already (nested counters), or too large (shapes that keep changing)."""
+    with _LEDGERS_LOCK:  # two threads entering counters on one model get a ledger each
+        ledgers = cache.setdefault("ledgers", {})
+        key = (id(model), options)
+        found = ledgers.get(key)
+        if found is not None and found[0]() is model:
+            ledger = found[1]
+            if ledger.busy:  # nested: the outer counter holds it
+                ledger = Ledger()
+                ledger.busy = True
+                return ledger
+            if len(ledger.records) < _LEDGER_RECORDS_CAP:
+                ledger.busy = True
+                return ledger
+        ledger = Ledger()
+        ledger.busy = True
+        ledger.home = (ledgers, key)
         ref = weakref.ref(model, lambda _, ledgers=ledgers, key=key: ledgers.pop(key, None))
-    ledgers[key] = (ref, ledger)
-    return ledger
+        ledgers[key] = (ref, ledger)
+        return ledger
 
 
-def _no_model() -> None:
-    return None
+_LEDGERS_LOCK = threading.Lock()
 
 
 class ModuleTracker:
@@ -240,7 +251,14 @@ class ModuleTracker:
         self._handles.clear()
 
     def close(self) -> None:
-        """Counting is over: keep this counter's end of a shared ledger and free it."""
+        """Counting is over: keep this counter's end of a shared ledger and free it. A mode
+        left installed (counters left out of order, or a failed exit) may go on counting into
+        the ledger: then the ledger is retired, not freed, and the mode keeps its tracker."""
+        if self.mode in _get_current_dispatch_mode_stack():
+            if self.shared and self._end is None:
+                self._end = self.ledger.snapshot()
+                self.ledger.retire()
+            return
         self.mode.tracker = None  # no cycle left for the garbage collector to find
         if self.shared and self._end is None:
             self._end = self.ledger.last_end = self.ledger.snapshot()
@@ -258,9 +276,10 @@ class ModuleTracker:
 
     def _forget_oldest_boundaries(self) -> None:
         """Keep a counter open for a whole training run in bounded memory: only the last
-        ``BOUNDARY_WINDOW`` module boundaries are kept (in place: the mode holds the lists).
-        Backward ops of a node created before them, which no training loop runs, go to the
-        root's frame (the sentinel kept at the front)."""
+        ``BOUNDARY_WINDOW`` module boundaries (a module call makes two) are kept, in place (the
+        mode holds the lists). Backward ops of a node created before them go to the root's
+        frame (the sentinel kept at the front): only a graph built over more than 50,000
+        module calls before its backward runs loses any attribution."""
         del self.boundary_seqs[1: -BOUNDARY_WINDOW]
         del self.boundary_frames[1: -BOUNDARY_WINDOW]
 
@@ -424,8 +443,8 @@ class ModuleTracker:
         calls, priced, frame_calls, saved = self._end or self.ledger.snapshot()
         base_calls, base_priced, base_frame_calls, base_saved = self._base
         # the priced records' fields at both ends, the others' calls
-        ends = {id(rec): rec for rec in priced}
-        starts = {id(rec): rec for rec in base_priced}
+        ends = {id(rec): copy for rec, copy in zip(self.ledger.priced, priced)}
+        starts = {id(rec): copy for rec, copy in zip(self.ledger.priced, base_priced)}
         index = {id(rec): i for i, rec in enumerate(self.ledger.records)}
         copies: dict[int, Frame] = {}
         active: set[int] = set()

@@ -117,9 +117,10 @@ class FlopCounter:
         causal = self.attention == "causal"
         mode = CountingMode(self.registry, causal, runner)
         # without timing, frames and records are kept for the next counter on the same model
-        # (a trace or timings keep their own: they point at them while counting)
+        # (a trace or timings keep their own: they point at them while counting; without a
+        # model there is nothing to keep them with)
         ledger = shared_ledger(self.registry.lookup_cache, self.model, causal) \
-            if timer is None else None
+            if timer is None and self.model is not None else None
         try:
             tracker = ModuleTracker(self.model, mode, timer, ledger)
             mode.bind(tracker)

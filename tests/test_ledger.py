@@ -197,3 +197,53 @@ def test_one_counter_for_a_long_run_keeps_a_window_of_boundaries(monkeypatch):
     for name, stats in one.by_module().items():
         assert five.by_module()[name].inclusive.flops == 5 * stats.inclusive.flops
         assert five.by_module()[name].exclusive.macs == 5 * stats.exclusive.macs
+
+
+def test_ops_priced_as_they_run_keep_their_figures_in_every_counter():
+    """An op whose signature cannot be hashed (a symbolic size among its arguments) is priced
+    as it runs; later counters on the ledger still see its flops and bytes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    fake = FakeTensorMode(shape_env=ShapeEnv())
+    x = fake.from_tensor(torch.randn(4, 8), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]))
+    size = x.shape[0]  # a SymInt
+
+    class Scale(nn.Module):
+        def forward(self, y):
+            return y.mul(size)
+
+    model = nn.Sequential(Scale())
+    with fake:
+        y = torch.empty(4, 8)
+    seen = []
+    for _ in range(3):
+        with fake, FlopCounter(model) as fc:
+            model(y)
+        seen.append(fc.by_operator()["aten.mul"])
+    assert seen[0].calls == 1 and seen[0].flops == 4 * 8
+    assert seen[0].bytes_read == seen[0].bytes_written == 4 * 8 * 4
+    assert seen[1] == seen[0] and seen[2] == seen[0]
+
+
+def test_counters_left_out_of_order_leave_later_counters_right():
+    """Leaving an outer counter before its inner one (torch then pops the inner's mode and
+    the outer's goes on counting) neither breaks the step nor leaks into later counters."""
+    model, x = nn.Sequential(nn.Linear(8, 8)), torch.randn(4, 8)
+    outer, inner = FlopCounter(model), FlopCounter(model)
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)
+    model(x).sum().backward()
+    inner.__exit__(None, None, None)
+    assert outer.total.calls == 0  # nothing ran while it was open
+    with FlopCounter(model) as later:
+        model(x)
+    with _first(model) as check:
+        model(x)
+    assert later.to_dict() == check.to_dict()
