@@ -53,11 +53,9 @@ if _SKIP_FRAMES is not None:
     _SKIP_FRAMES(DoNothingUnwrapped.__torch_dispatch__.__code__)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--iters", type=int, default=5)
-    args = parser.parse_args()
+def workload():
+    """(config, model, one train step, aten ops per step): the tiny GPT, forward + backward,
+    on one thread."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     cfg = GPTConfig(n_layer=4, d_model=64, n_head=4, vocab_size=256, max_seq_len=32)
@@ -69,7 +67,15 @@ def main() -> None:
 
     with FlopCounter(model) as probe:
         step()
-    ops = probe.total.calls
+    return cfg, model, step, probe.total.calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args()
+    cfg, model, step, ops = workload()
 
     variants = {
         "eager": contextlib.nullcontext,
