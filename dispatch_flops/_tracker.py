@@ -128,8 +128,7 @@ class Ledger:
         self.frames: list[Frame] = []  # every frame, in the order they were made
         self.records: list[list] = []  # every op record of every frame, in the same order
         # the records priced as they were counted (unhashable, symbolic, sizes), whose flops
-        # and bytes fields grow too; all others only grow their calls (a shared ledger is
-        # never timed, so no ns either)
+        # and bytes fields grow too; all others only grow their calls and ns
         self.priced: list[list] = []
         self.busy = False
         # the snapshot its last counter ended on: nothing counts into a ledger between two
@@ -147,13 +146,15 @@ class Ledger:
                 del ledgers[key]
 
     def snapshot(self) -> tuple:
-        """What grows: every record's calls, the priced records' fields, every frame's calls
-        and saved bytes."""
-        return (list(map(_first_field, self.records)), [rec[:] for rec in self.priced],
-                list(map(_calls_of, self.frames)), list(map(_saved_of, self.frames)))
+        """What grows: every record's calls and ns, the priced records' fields, every frame's
+        calls, span ns and saved bytes."""
+        return (list(map(_calls_field, self.records)), list(map(_ns_field, self.records)),
+                [rec[:] for rec in self.priced], list(map(_calls_of, self.frames)),
+                [f.span[0] for f in self.frames], list(map(_saved_of, self.frames)))
 
 
-_first_field = itemgetter(0)
+_calls_field = itemgetter(0)
+_ns_field = itemgetter(5)
 _calls_of = attrgetter("calls")
 _saved_of = attrgetter("saved")
 
@@ -440,9 +441,9 @@ class ModuleTracker:
             return self.root
         if self._view is not None:
             return self._view
-        calls, priced, frame_calls, saved = self._end or self.ledger.snapshot()
-        base_calls, base_priced, base_frame_calls, base_saved = self._base
-        # the priced records' fields at both ends, the others' calls
+        calls, ns, priced, frame_calls, spans, saved = self._end or self.ledger.snapshot()
+        base_calls, base_ns, base_priced, base_frame_calls, base_spans, base_saved = self._base
+        # the priced records' fields at both ends, the others' calls and ns
         ends = {id(rec): copy for rec, copy in zip(self.ledger.priced, priced)}
         starts = {id(rec): copy for rec, copy in zip(self.ledger.priced, base_priced)}
         index = {id(rec): i for i, rec in enumerate(self.ledger.records)}
@@ -456,8 +457,9 @@ class ModuleTracker:
             copies[id(frame)] = copy
             before = i < len(base_frame_calls)
             copy.calls = frame_calls[i] - (base_frame_calls[i] if before else 0)
+            copy.span[0] = spans[i] - (base_spans[i] if before else 0)
             copy.saved = saved[i] - (base_saved[i] if before else 0)
-            if copy.calls or copy.saved:
+            if copy.calls or copy.span[0] or copy.saved:
                 active.add(id(copy))
             for (_, acc), (_, mine) in zip(frame.accumulators(), copy.accumulators()):
                 for key, rec in acc.items():
@@ -466,8 +468,10 @@ class ModuleTracker:
                         continue
                     end = ends.get(id(rec))
                     if end is None:
-                        n = calls[at] - (base_calls[at] if at < len(base_calls) else 0)
-                        counts = [n, 0, 0, 0, 0, 0, rec[-1]] if n else None
+                        known = at < len(base_calls)
+                        n = calls[at] - (base_calls[at] if known else 0)
+                        counts = [n, 0, 0, 0, 0, ns[at] - (base_ns[at] if known else 0),
+                                  rec[-1]] if n else None
                     else:
                         start = starts.get(id(rec), (0,) * (RECORD_FIELDS - 1))
                         counts = [a - b for a, b in zip(end[:-1], start)] + [None]

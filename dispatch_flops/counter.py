@@ -116,11 +116,13 @@ class FlopCounter:
         runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
         causal = self.attention == "causal"
         mode = CountingMode(self.registry, causal, runner)
-        # without timing, frames and records are kept for the next counter on the same model
-        # (a trace or timings keep their own: they point at them while counting; without a
-        # model there is nothing to keep them with)
-        ledger = shared_ledger(self.registry.lookup_cache, self.model, causal) \
-            if timer is None and self.model is not None else None
+        # frames and records are kept for the next counter on the same model (without a model
+        # there is nothing to keep them with), unless times land in them after the block:
+        # CUDA events resolved later, or a trace pointing at them
+        shared = self.model is not None and (
+            timer is None or (type(timer) is Timer and not timer.cuda))
+        ledger = shared_ledger(self.registry.lookup_cache, self.model, causal) if shared \
+            else None
         try:
             tracker = ModuleTracker(self.model, mode, timer, ledger)
             mode.bind(tracker)

@@ -247,3 +247,23 @@ def test_counters_left_out_of_order_leave_later_counters_right():
     with _first(model) as check:
         model(x)
     assert later.to_dict() == check.to_dict()
+
+
+def test_timed_counters_share_the_ledger_and_time_only_their_block():
+    """CPU timing lands in the ledger as it runs, so timed counters share it too; each one's
+    op and module times come from its own block: never more than its wall time."""
+    model, idx = tiny_gpt(), _idx()
+    with FlopCounter(model, timing=True) as long:
+        for _ in range(3):
+            step(model, idx)
+    with FlopCounter(model, timing=True) as short:
+        step(model, idx)
+    assert short._tracker.ledger is long._tracker.ledger
+    for fc in (long, short):
+        assert 0 < fc.total.latency_s <= fc.wall_s
+        block = fc.by_module()["blocks.0"]
+        assert 0 < block.inclusive.latency_s <= fc.wall_s
+    assert short.total.calls * 3 == long.total.calls
+    with FlopCounter(model, trace=True) as traced:  # a trace keeps a ledger of its own
+        step(model, idx)
+    assert traced._tracker.ledger is not long._tracker.ledger
