@@ -73,7 +73,9 @@ class MetaRunner:
         self._cacheable: dict[int, bool] = {}
         self._outputs: dict[tuple, object] = {}
 
-    def run(self, func, args, kwargs):
+    def run(self, resolved, args, kwargs):
+        func = resolved.func  # the overload, for its schema; resolved.run calls it
+        call = resolved.run
         cacheable = self._cacheable.get(id(func))
         if cacheable is None:
             cacheable = self._cacheable[id(func)] = _cacheable(func)
@@ -87,13 +89,13 @@ class MetaRunner:
             else:
                 if spec is not _MISSING:
                     return _build(spec), None
-                out = func(*args, **kwargs) if kwargs else func(*args)
+                out = call(*args, **kwargs) if kwargs else call(*args)
                 try:
                     self._outputs[key] = _spec(out)
                 except _NotMeta:
                     self._cacheable[id(func)] = False  # not every output is on meta
                 return out, None
-        return (func(*args, **kwargs) if kwargs else func(*args)), None
+        return (call(*args, **kwargs) if kwargs else call(*args)), None
 
     def add(self, counts: list, index: int, token) -> None:
         """Nothing is timed on meta."""

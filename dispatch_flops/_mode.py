@@ -309,7 +309,7 @@ class CountingMode(TorchDispatchMode):
         if runner is None:
             out = resolved.run(*args, **kwargs) if kwargs else resolved.run(*args)
         else:
-            out, elapsed = runner.run(func, args, kwargs)
+            out, elapsed = runner.run(resolved, args, kwargs)
         node = _current_node()
         if node is None or self.recomputing:  # recompute: the tracker points forward_acc
             acc = self.forward_acc

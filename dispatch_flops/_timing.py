@@ -64,9 +64,10 @@ class Timer:
         event.record()
         return event
 
-    def run(self, func, args, kwargs):
+    def run(self, resolved, args, kwargs):
         """``(out, (start, end))``: the op's output and when it started and ended (ns, or
-        recorded CUDA events)."""
+        recorded CUDA events). ``resolved``: the mode's ``_Resolved`` for the op."""
+        func = resolved.run
         if self.cuda and _on_cuda(args, kwargs):
             start = self._event()
             out = func(*args, **kwargs) if kwargs else func(*args)
