@@ -24,6 +24,15 @@ def _idx(batch=2, tokens=8):
     return torch.randint(0, TINY.vocab_size, (batch, tokens))
 
 
+def _assert_next_counter_reads_right(model, x):
+    """The next counter on ``model`` reports a forward exactly as one with no history."""
+    with FlopCounter(model) as later:
+        model(x)
+    with _first(model) as check:
+        model(x)
+    assert later.to_dict() == check.to_dict()
+
+
 def step(model, idx):
     """One forward + backward from no gradients: the same ops every time."""
     model.zero_grad(set_to_none=True)
@@ -132,11 +141,7 @@ def test_a_block_that_raises_frees_the_ledger():
             model(idx)
             raise ValueError
     assert not any(ledger.busy for _, ledger in REGISTRY.lookup_cache["ledgers"].values())
-    with FlopCounter(model) as fc:
-        model(idx)
-    with _first(model) as check:
-        model(idx)
-    assert fc.to_dict() == check.to_dict()
+    _assert_next_counter_reads_right(model, idx)
 
 
 def test_ledger_goes_with_its_model_and_a_registry_change():
@@ -242,11 +247,7 @@ def test_counters_left_out_of_order_leave_later_counters_right():
     model(x).sum().backward()
     inner.__exit__(None, None, None)
     assert outer.total.calls == 0  # nothing ran while it was open
-    with FlopCounter(model) as later:
-        model(x)
-    with _first(model) as check:
-        model(x)
-    assert later.to_dict() == check.to_dict()
+    _assert_next_counter_reads_right(model, x)
 
 
 def test_timed_counters_share_the_ledger_and_time_only_their_block():
