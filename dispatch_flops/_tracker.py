@@ -159,20 +159,19 @@ _calls_of = attrgetter("calls")
 _saved_of = attrgetter("saved")
 
 
-def shared_ledger(cache: dict, model: nn.Module, options) -> Ledger:
+def shared_ledger(cache: dict, model: nn.Module, options) -> Optional[Ledger]:
     """The ledger of ``model`` under ``options``, kept in ``cache`` (the registry's lookup
     cache: a registry change starts new ledgers) while the model lives; a new one when it is
-    counting already (nested counters), or too large (shapes that keep changing)."""
+    too large (shapes that keep changing); None when it is counting already (a nested
+    counter keeps a ledger of its own)."""
     with _LEDGERS_LOCK:  # two threads entering counters on one model get a ledger each
         ledgers = cache.setdefault("ledgers", {})
         key = (id(model), options)
         found = ledgers.get(key)
         if found is not None and found[0]() is model:
             ledger = found[1]
-            if ledger.busy:  # nested: the outer counter holds it
-                ledger = Ledger()
-                ledger.busy = True
-                return ledger
+            if ledger.busy:
+                return None
             if len(ledger.records) < _LEDGER_RECORDS_CAP:
                 ledger.busy = True
                 return ledger
@@ -255,15 +254,16 @@ class ModuleTracker:
         """Counting is over: keep this counter's end of a shared ledger and free it. A mode
         left installed (counters left out of order, or a failed exit) may go on counting into
         the ledger: then the ledger is retired, not freed, and the mode keeps its tracker."""
-        if self.mode in _get_current_dispatch_mode_stack():
-            if self.shared and self._end is None:
-                self._end = self.ledger.snapshot()
-                self.ledger.retire()
-            return
-        self.mode.tracker = None  # no cycle left for the garbage collector to find
+        left_installed = self.mode in _get_current_dispatch_mode_stack()
+        if not left_installed:
+            self.mode.tracker = None  # no cycle left for the garbage collector to find
         if self.shared and self._end is None:
-            self._end = self.ledger.last_end = self.ledger.snapshot()
-            self.ledger.busy = False
+            self._end = self.ledger.snapshot()
+            if left_installed:
+                self.ledger.retire()
+            else:
+                self.ledger.last_end = self._end
+                self.ledger.busy = False
 
     # -- hooks ------------------------------------------------------------------------------
     def _enter(self, frame: Frame) -> None:
@@ -474,8 +474,8 @@ class ModuleTracker:
                                   rec[-1]] if n else None
                     else:
                         start = starts.get(id(rec), (0,) * (RECORD_FIELDS - 1))
-                        counts = [a - b for a, b in zip(end[:-1], start)] + [None]
-                        counts = counts if any(counts[:-1]) else None
+                        deltas = [a - b for a, b in zip(end[:-1], start)]
+                        counts = deltas + [None] if any(deltas) else None
                     if counts is not None:
                         mine[key] = counts
                         active.add(id(copy))
