@@ -11,7 +11,8 @@ from dispatch_flops.formulas import Cost, has_formula, register_formula
 from ._activations import Activations
 from ._deepspeed import FlopsProfiler, get_model_profile
 from ._format import human
-from ._profile import profile
+from ._profile import ModuleFacts, Profile, RunFacts
+from ._repeat import profile
 from ._results import (
     BACKWARD,
     ESTIMATED,
@@ -29,7 +30,7 @@ from ._results import (
     Stats,
 )
 from ._roofline import COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline, device_spec
-from ._torch_compat import FlopCounterMode
+from ._torch_mode import FlopCounterMode
 from .counter import FlopCounter
 
 __version__ = "0.1.0"
@@ -52,11 +53,14 @@ __all__ = [
     "ModuleStats",
     "NO_ARITHMETIC",
     "OPTIMIZER",
+    "ModuleFacts",
     "OpRecord",
     "PHASES",
+    "Profile",
     "RECOMPUTE",
     "ROOT",
     "Roofline",
+    "RunFacts",
     "Stats",
     "UNSUPPORTED",
     "device_spec",

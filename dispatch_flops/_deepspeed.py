@@ -17,13 +17,8 @@ from torch import nn
 from ._activations import ActivationRecorder
 from ._deepspeed_report import ProfileView, World
 from ._format import duration, human
-from ._results import FORWARD, ROOT
+from ._results import FORWARD, ROOT, check_int
 from .counter import FlopCounter
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _ignored_types(ignore_list) -> tuple:
@@ -69,12 +64,12 @@ class FlopsProfiler:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if mp_size is None:
             mp_size = getattr(ds_engine, "mp_world_size", None) or 1
-        _check_int("mp_size", mp_size, 1)
+        check_int("mp_size", mp_size, 1)
         if batch_size is None and ds_engine is not None:
             micro_batch = getattr(ds_engine, "train_micro_batch_size_per_gpu", None)
             batch_size = micro_batch() if callable(micro_batch) else None
         if batch_size is not None:
-            _check_int("batch_size", batch_size, 1)
+            check_int("batch_size", batch_size, 1)
         if not isinstance(timing, bool):
             raise TypeError(f"timing must be True or False, got {timing!r}")
         self.model = model
@@ -180,9 +175,9 @@ class FlopsProfiler:
                       top_modules: int = 1, detailed: bool = True, *,
                       module_ops: bool = True) -> str:
         """The text ``print_model_profile`` prints."""
-        _check_int("profile_step", profile_step, 0)
-        _check_int("module_depth", module_depth, -1)
-        _check_int("top_modules", top_modules, 1)
+        check_int("profile_step", profile_step, 0)
+        check_int("module_depth", module_depth, -1)
+        check_int("top_modules", top_modules, 1)
         if self._counter is None:
             raise RuntimeError("nothing profiled: call start_profile(), run the model, then "
                                "stop_profile() before printing")
@@ -257,7 +252,7 @@ def get_model_profile(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    _check_int("warm_up", warm_up, 0)
+    check_int("warm_up", warm_up, 0)
     args = list(args) if args is not None else []
     kwargs = dict(kwargs) if kwargs is not None else {}
     if input_shape is not None:

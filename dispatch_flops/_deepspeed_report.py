@@ -15,7 +15,8 @@ from typing import Optional
 from torch import nn
 
 from ._format import duration, human, percent
-from ._results import BACKWARD, FORWARD, NO_ARITHMETIC, OPTIMIZER, RECOMPUTE, ROOT, Stats
+from ._results import (BACKWARD, FORWARD, NO_ARITHMETIC, OPTIMIZER, RECOMPUTE, ROOT, Stats,
+                       depth_of)
 
 _WIDTH = 60  # DeepSpeed's "{:<60}  {:<8}" summary lines
 _RULE = "-" * 78
@@ -219,15 +220,12 @@ class ProfileView:
             lines.append(f"Ops with no formula (bytes counted, flops unknown): {listed}")
         return lines
 
-    def _depth_of(self, name: str) -> int:
-        return 0 if name == ROOT else name.count(".") + 1
-
     def aggregated(self, module_depth: int, top_modules: int) -> list[str]:
         """DeepSpeed's aggregated profile: at each depth, modules summed by class, the
         ``top_modules`` largest by each figure (AProfiler's activation bytes included)."""
         by_depth: dict[int, dict[str, list]] = {}
         for name, module in self.modules.items():
-            depth = self._depth_of(name)
+            depth = depth_of(name)
             if name in self.hidden or (module_depth >= 0 and depth > module_depth):
                 continue
             m = self.forward.get(name)

@@ -16,8 +16,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registry
 
+from ._records import CALLS, NS, PRICED, SIGNATURE, SUMS, Signature, engine_cache
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
+from ._tracker import RECOMPUTE_I, phase_of
 from ._tracker import top_saved_tensors_hooks as _top_saved_tensors_hooks
+
+# the hot path builds records as literals, [0, 0, signature, sums], and indexes them with
+# literals (a global's load per op is measurable): in the order named here
+assert (CALLS, NS, SIGNATURE, SUMS) == (0, 1, 2, 3)
+_BACKWARD_I = phase_of(node=True, recompute=False, optimizer=False)
+_REENTRANT_I = phase_of(node=True, recompute=True, optimizer=False)
 
 _current_node = torch._C._current_autograd_node
 # how torch.utils.checkpoint shows it is re-running forward inside backward: non-reentrant,
@@ -69,13 +77,24 @@ def _tensor_key(t: Tensor) -> tuple:
     return (t.shape, t.dtype, _STRIDED, t.stride())
 
 
+# A Python float in a signature is kept only where a formula can tell it apart: the values
+# formulas test (0, 1, 2, -1, the infinities: "is alpha 1", "is p 2"); any other float is
+# keyed as one, so the step sizes an optimizer or scheduler passes as floats make no new
+# signature each step (the formula contract in formulas/_registry.py says so).
+_TOLD_APART = frozenset((0.0, 1.0, 2.0, -1.0, float("inf"), float("-inf")))
+_FLOAT = object()
+
+
 def _key(v):
     """A hashable stand-in for one argument: a tensor becomes its shape and dtype (and its
-    strides when not contiguous), a list or tuple a tuple of those. Never holds a tensor."""
+    strides when not contiguous), a list or tuple a tuple of those, a float its class (see
+    ``_TOLD_APART``). Never holds a tensor."""
     if isinstance(v, Tensor):
         return _tensor_key(v)
     if v.__class__ is list or v.__class__ is tuple:
         return tuple([_tensor_key(x) if isinstance(x, Tensor) else x for x in v])
+    if v.__class__ is float and v not in _TOLD_APART:
+        return _FLOAT
     return v
 
 
@@ -125,20 +144,21 @@ def moved_bytes(resolved, args, kwargs, out) -> tuple[int, int]:
     return read, written
 
 
-def _work_out(resolved, args, kwargs, out) -> tuple:
-    """(formula arguments or None, bytes read, bytes written) of one call."""
+def _work_out(resolved, args, kwargs, out) -> Signature:
+    """The ``Signature`` of one call: the formula's arguments (None without a formula) and
+    the bytes it reads and writes."""
     call = formula_call(args, kwargs, out, resolved.with_dtypes) if resolved.kind == FORMULA \
         else None
-    return (call, *moved_bytes(resolved, args, kwargs, out))
+    return Signature(call, *moved_bytes(resolved, args, kwargs, out))
 
 
 _SIGNATURES_CAP = 100_000
 
 
-def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> tuple:
+def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> Signature:
     """What ``_work_out`` gives for ``sig``, from ``shared`` (every counter's: models repeat
-    shapes across layers and steps, so a signature is worked out once) when it is there.
-    Pure data (shapes, ints), never a tensor; emptied when it grows past the cap."""
+    shapes across layers and steps, so a signature is worked out, and priced, once) when it
+    is there. Pure data (shapes, ints), never a tensor; emptied when it grows past the cap."""
     entry = shared.get(sig)
     if entry is None:
         if len(shared) >= _SIGNATURES_CAP:
@@ -173,12 +193,14 @@ class _Resolved:
         # the op is the user's and we cannot know: then it is part of the signature
         self.out_in_signature = out_in_signature
 
-
-def _resolutions(registry: Registry, causal_unmasked_only: bool) -> dict:
-    """Resolutions shared by every counter on the same registry and options. They live in
-    the registry's own cache, which it empties on any change, so a newly registered formula
-    is seen by the next counter."""
-    return registry.lookup_cache.setdefault(("resolved", causal_unmasked_only), {})
+    def price(self, call) -> Cost:
+        """The formula's ``Cost`` of one call (``call``: ``(args, out_shape, kwargs)`` as the
+        formula contract has them, see ``formula_call``); zero for an op without a formula
+        (no arithmetic, or unsupported: see its category)."""
+        if call is None:
+            return ZERO_COST
+        args, out_shape, kwargs = call
+        return self.formula(*args, out_shape=out_shape, **kwargs)
 
 
 def _frame_skipper():
@@ -200,10 +222,10 @@ _SKIP_FRAMES = _frame_skipper()
 
 
 class CountingMode(TorchDispatchMode):
-    """Counts every op into the accumulators of the tracker's frames: ``frame.<phase>[id(overload)
-    or signature] = [calls, flops, macs, read, written, ns, entry]`` (see the hot path).
-    ``tracker`` keeps ``forward_acc`` pointed at the running frame's accumulator for ops with no
-    autograd node (forward, optimizer, recompute); see ``_tracker``.
+    """Counts every op into the accumulators of the tracker's frames: ``frame.acc[phase]
+    [id(overload) or signature]`` is an op record (see ``_records``). ``tracker`` keeps
+    ``forward_acc`` pointed at the running frame's accumulator for ops with no autograd node
+    (forward, optimizer, recompute); see ``_tracker.phase_of``.
 
     Dicts on the hot path are keyed by ``id(func)``: ``OpOverload.__hash__`` is a Python-level
     call, and overloads are long-lived singletons (``resolved[id].func`` keeps each alive)."""
@@ -222,9 +244,11 @@ class CountingMode(TorchDispatchMode):
         self.runner = runner
         self.registry = registry
         self.causal_unmasked_only = causal_unmasked_only
-        self.resolved = _resolutions(registry, causal_unmasked_only)
-        # signatures worked out, shared like the resolutions (emptied on a registry change)
-        self._shared = registry.lookup_cache.setdefault("signatures", {})
+        # resolutions and worked-out signatures, shared by every counter on the same registry
+        # version and options (the engine's cache: a registration starts a new one)
+        cache = engine_cache(registry)
+        self.resolved = cache.resolutions.setdefault(causal_unmasked_only, {})
+        self._shared = cache.signatures.setdefault(causal_unmasked_only, {})
         self.forward_acc: dict = {}
         self.recomputing = False
         self.tracker = None
@@ -246,29 +270,7 @@ class CountingMode(TorchDispatchMode):
         home_hook, home = self.tracker.recompute_home
         if home_hook is not hook:
             home = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
-        return home.recompute
-
-    def cost(self, key: int, entry: tuple) -> Cost:
-        """The ``Cost`` of one call of op ``key`` whose signature was worked out as ``entry``
-        (see ``_work_out``): the formula's, zero for ops with none (no arithmetic, or
-        unsupported: see their category)."""
-        return self._price(key, entry[0])
-
-    def _price(self, key: int, call) -> Cost:
-        # call: (args, out_shape, kwargs) as the formula contract has them (see formula_call)
-        if call is None:
-            return ZERO_COST
-        args, out_shape, kwargs = call
-        return self.resolved[key].formula(*args, out_shape=out_shape, **kwargs)
-
-    def category(self, key: int) -> Category:
-        """The category the op behind ``key`` was counted under (not the registry's now: a
-        formula registered after counting must not relabel ops counted without it)."""
-        return self.resolved[key].category
-
-    def op(self, key: int):
-        """The OpOverload behind a hot-path key."""
-        return self.resolved[key].func
+        return home.acc[RECOMPUTE_I]
 
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
@@ -299,8 +301,8 @@ class CountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
-        # case) and keep only ints. Records are [calls, flops, macs, read, written, ns, entry]:
-        # counts and times by call, flops and bytes by the signature's ``entry`` when set.
+        # case) and keep only ints. Records are [calls, ns, signature, sums] (see _records):
+        # calls and times counted here, flops and bytes by the signature when it is read.
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
@@ -318,7 +320,7 @@ class CountingMode(TorchDispatchMode):
             # carry the same sequence number and go to their parameter's module instead
             seq = node._sequence_nr()
             if seq == _ACCUMULATE_GRAD_SEQ:  # saves nothing, so never re-runs forward
-                acc = self.tracker.frame_of_accumulation(node).backward
+                acc = self.tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
             else:
                 if seq == self._last_seq:  # a node runs several ops in a row
                     acc = self._last_acc
@@ -326,7 +328,7 @@ class CountingMode(TorchDispatchMode):
                     frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
                     # reentrant checkpointing re-runs forward inside its own node's backward:
                     # the node's ops are recompute, in the frame where checkpoint was called
-                    acc = frame.recompute if node.name() == _REENTRANT else frame.backward
+                    acc = frame.acc[_REENTRANT_I if node.name() == _REENTRANT else _BACKWARD_I]
                     self._last_seq = seq
                     self._last_acc = acc
                 hooks = _top_saved_tensors_hooks(False)
@@ -335,7 +337,7 @@ class CountingMode(TorchDispatchMode):
         if resolved.view:  # no arithmetic, no bytes: count the call
             rec = acc.get(key)
             if rec is None:
-                rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
+                rec = acc[key] = [0, 0, None, None]
                 self._book.append(rec)
         else:
             # An op's flops and bytes are functions of its signature: the op and its arguments
@@ -353,6 +355,8 @@ class CountingMode(TorchDispatchMode):
                         sig.append(a.stride())
                 elif a.__class__ is list or a.__class__ is tuple:
                     sig.append(_key(a))
+                elif a.__class__ is float and a not in _TOLD_APART:
+                    sig.append(_FLOAT)
                 else:
                     sig.append(a)
             if kwargs:
@@ -364,25 +368,22 @@ class CountingMode(TorchDispatchMode):
             sig = tuple(sig)
             try:
                 rec = acc.get(sig)
-                if rec is None:  # the record keeps its signature's worked-out entry
-                    rec = acc[sig] = [0, 0, 0, 0, 0, 0,
-                                      _call_entry(self._shared, sig, resolved, args, kwargs, out)]
+                if rec is None:  # the record keeps its signature, worked out once
+                    rec = acc[sig] = [0, 0, _call_entry(self._shared, sig, resolved, args,
+                                                        kwargs, out), None]
                     self._book.append(rec)
-            except TypeError:  # unhashable (symbolic) sizes: work it out now, under the op key
+            except TypeError:  # unhashable (symbolic) sizes: price it now, under the op key
                 rec = acc.get(key)
                 if rec is None:
-                    rec = acc[key] = [0, 0, 0, 0, 0, 0, None]
+                    rec = acc[key] = [0, 0, None, [0] * len(PRICED)]
                     self._book.append(rec)
-                    self.tracker.ledger.priced.append(rec)
-                call, read, written = _work_out(resolved, args, kwargs, out)
-                cost = self._price(key, call)
-                rec[1] += cost.flops
-                rec[2] += cost.macs
-                rec[3] += read
-                rec[4] += written
-        rec[0] += 1
+                signature = _work_out(resolved, args, kwargs, out)
+                sums = rec[3]  # SUMS
+                for i, value in enumerate(signature.unit(resolved)):
+                    sums[i] += value
+        rec[0] += 1  # CALLS
         if runner is not None:
-            runner.add(rec, 5, elapsed)
+            runner.add(rec, 1, elapsed)  # NS
         return out
 
 

@@ -1,90 +1,602 @@
-"""``profile``: warm up, repeat, and keep the median time of every op and module.
+"""``Profile``: the immutable result of one or more runs, and every view of it.
 
-Timing one cold call is misleading (first-call allocations, lazy initialisation, caches), so
-``profile`` runs the warm-ups outside the counter, counts and times ``repeat`` calls with a
-fresh counter each, and returns one counter whose counts are those of every repeat (they
-are equal) and whose latencies are medians over the repeats.
+A Profile is plain data: rows (one per module stack, phase and op overload, with their counts
+in ``_records.ROW`` order), module facts (names in tree order, types, parameters, forward
+calls, call spans, bytes saved for backward) and run facts (model, options, device, dtype,
+wall time, steps, rank). A live ``FlopCounter`` makes one when its block ends
+(``fc.to_profile()``); ``Profile.from_json`` reads one back; ``Profile.merge`` adds runs of the
+same model (steps, ranks) and keeps the parts. Every view is computed from the rows once and
+kept: a Profile never changes.
+
+>>> with FlopCounter(model) as fc:
+...     model(x).sum().backward()
+>>> p = fc.to_profile()
+>>> p.total.flops, p.by_module()["blocks.0"].exclusive.macs, print(p.table())
+>>> Profile.merge([p, p]).per_step().total == p.total
+True
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
-from typing import Callable, Optional
+from dataclasses import dataclass, field, replace
+from operator import add
+from typing import Iterable, Optional
 
-from torch import nn
+import torch
 
-from .counter import FlopCounter
+from . import export
+from ._records import ROW
+from ._report import module_table
+from ._results import (
+    CATEGORIES,
+    COUNTS,
+    ESTIMATED,
+    FORWARD,
+    MODEL_PHASES,
+    PHASES,
+    ROOT,
+    UNSUPPORTED,
+    Coverage,
+    ModuleStats,
+    OpRecord,
+    Stats,
+    credited,
+    frozen_mapping,
+)
+from ._roofline import DEVICES, DeviceSpec, Roofline, device_spec
+from ._torch_compat import TorchCompat
 
-
-def _check_count(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def profile(
-    model: Optional[nn.Module],
-    args: tuple = (),
-    kwargs: Optional[dict] = None,
-    *,
-    warmup: int = 1,
-    repeat: int = 5,
-    fn: Optional[Callable] = None,
-    progress: Optional[Callable[[str, int, int], None]] = None,
-    **options,
-) -> FlopCounter:
-    """Count and time ``fn(*args, **kwargs)`` (``fn`` defaults to ``model``): ``warmup`` calls
-    outside the counter, then ``repeat`` timed ones; latencies in the result are medians.
-
-    >>> fc = profile(model, (x,), warmup=2, repeat=10)
-    >>> fc.by_module()["layers.0"].latency_s, fc.mfu(device)
-    ``fn`` may run a whole training step (``fn=lambda x: model(x).sum().backward()``);
-    ``options`` go to ``FlopCounter`` (``attention=...``, ``trace=True``: the timeline is the
-    first timed run's). ``progress(stage, done, total)``, when given, is called after every
-    warm-up (stage "warm-up") and timed run ("timed run").
-    """
-    _check_count("warmup", warmup, 0)
-    _check_count("repeat", repeat, 1)
-    if "timing" in options:
-        raise ValueError("profile always times; use FlopCounter(...) to count without timing")
-    call = fn if fn is not None else model
-    if not callable(call):
-        raise ValueError("profile needs a callable: pass a model, or fn=... with model=None")
-    kwargs = kwargs or {}
-    for done in range(1, warmup + 1):
-        call(*args, **kwargs)
-        if progress is not None:
-            progress("warm-up", done, warmup)
-    runs = []
-    for done in range(1, repeat + 1):
-        with FlopCounter(model, timing=True, **options) as fc:
-            call(*args, **kwargs)
-        runs.append(fc)
-        if progress is not None:
-            progress("timed run", done, repeat)
-    return _medians(runs)
+SCHEMA_VERSION = 2  # of to_dict() / to_json(): docs/schema.md; bump on a breaking change
 
 
-def _medians(runs: list[FlopCounter]) -> FlopCounter:
-    """The first run, with each op's, module's and the block's time replaced by the median
-    over ``runs``. Runs that took other paths (a different set of ops) are left out."""
-    base = runs[0]
-    for run in runs:
-        run._timer.resolve()
-    frames = [run._tracker.frames() for run in runs]
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What a run knew of the model's modules. ``names`` in ``named_modules()`` order (the
+    root, ``""``, alone without a model); ``types`` and ``params`` parallel to it; ``calls``
+    and ``spans`` (ns inside forward calls, timing on) by name; ``saved`` (bytes saved for
+    backward, ``saved_activations=True``) by the module stack that saved them."""
 
-    def layout(fs):
-        return [(f.stack, [list(acc) for _, acc in f.accumulators()]) for f in fs]
+    names: tuple = (ROOT,)
+    types: tuple = ("",)
+    params: tuple = (0,)
+    calls: dict = field(default_factory=dict)
+    spans: dict = field(default_factory=dict)
+    saved: dict = field(default_factory=dict)
 
-    shape = layout(frames[0])
-    alike = [i for i, fs in enumerate(frames) if layout(fs) == shape]
-    for position, frame in enumerate(frames[0]):
-        others = [frames[i][position] for i in alike]
-        frame.span[0] = statistics.median_low([f.span[0] for f in others])
-        accumulators = [[acc for _, acc in f.accumulators()] for f in others]
-        for index, (_, acc) in enumerate(frame.accumulators()):
-            for key, counts in acc.items():
-                counts[5] = statistics.median_low([accs[index][key][5] for accs in accumulators])
-    base._wall[0] = statistics.median_low([runs[i]._wall[0] for i in alike])
-    base._records = None
-    base.repeats = len(alike)
-    return base
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run was: the model's label, the counter's options, the device and dtype, the
+    block's wall time (timing on), the steps it holds (``merge`` adds them), and the rank and
+    world size (``None`` outside ``torch.distributed``)."""
+
+    model: str = "global"
+    has_model: bool = False
+    attention: str = "dense"
+    timing: bool = False
+    saved_activations: bool = False
+    repeats: int = 1
+    wall_s: Optional[float] = None
+    steps: int = 1
+    dtype: str = "float32"
+    device: Optional[str] = None
+    device_name: Optional[str] = None
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+
+
+def _accumulate(into: dict, key, counts: tuple) -> None:
+    total = into.get(key)
+    into[key] = list(counts) if total is None else list(map(add, total, counts))
+
+
+def _check_phase(phase: Optional[str]) -> None:
+    if phase is not None and phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES} or None (all phases), got {phase!r}")
+
+
+def as_profile(run) -> "Profile":
+    """A Profile, or a counter's (``to_profile()``)."""
+    if isinstance(run, Profile):
+        return run
+    to_profile = getattr(run, "to_profile", None)
+    if to_profile is None:
+        raise TypeError(f"expected a Profile or a FlopCounter, got {type(run).__name__}")
+    return to_profile()
+
+
+class Profile(TorchCompat):
+    """The result of one or more runs: every view, export and plot reads one. See the
+    module's docstring; make one with ``FlopCounter.to_profile()``, ``Profile.from_json`` or
+    ``Profile.merge``."""
+
+    def __init__(self, rows: Iterable[tuple], module_facts: ModuleFacts, run: RunFacts, *,
+                 parts: tuple = (), trace: Optional[tuple] = None,
+                 views: Optional[dict] = None):
+        self._rows = tuple(rows)
+        self.module_facts = module_facts
+        self.run = run
+        self.parts = tuple(parts)  # the Profiles merged into this one, in order
+        self._trace = trace  # (events, dropped) of a run counted with trace=True
+        # views computed so far; a harvest whose rows and facts equal the last one's shares
+        # them (the same data gives the same views)
+        self._views: dict = {} if views is None else views
+
+    # -- run facts --------------------------------------------------------------------------
+    @property
+    def timing(self) -> bool:
+        return self.run.timing
+
+    @property
+    def attention(self) -> str:
+        return self.run.attention
+
+    @property
+    def repeats(self) -> int:
+        return self.run.repeats
+
+    @property
+    def steps(self) -> int:
+        return self.run.steps
+
+    @property
+    def wall_s(self) -> Optional[float]:
+        """Seconds the block(s) took (timing on), else ``None``."""
+        return self.run.wall_s
+
+    @property
+    def root_label(self) -> str:
+        """The root's name in tables: the model's class name, "global" without a model."""
+        return self.run.model
+
+    @property
+    def has_model(self) -> bool:
+        return self.run.has_model
+
+    @property
+    def saved_activations(self) -> bool:
+        return self.run.saved_activations
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's parameter dtype (float32 without a model)."""
+        return getattr(torch, self.run.dtype, torch.float32)
+
+    def __enter__(self):
+        raise RuntimeError("a Profile holds a finished run and cannot count; count with a new "
+                           "FlopCounter")
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        total = self.total
+        return (f"Profile({self.root_label}, {len(self.module_facts.names)} modules, "
+                f"{total.calls} op calls, {total.flops} flops, steps={self.steps})")
+
+    def _cached(self, key, compute):
+        value = self._views.get(key)
+        if value is None:
+            value = self._views[key] = compute()
+        return value
+
+    # -- records and sums -------------------------------------------------------------------
+    def records(self) -> list[OpRecord]:
+        """Every (module stack, phase, op overload) with its counts."""
+        timed = self.timing
+        return list(self._cached("records", lambda: tuple(
+            OpRecord(module=stack[-1], stack=stack, phase=phase, operator=operator,
+                     overload=overload, category=category,
+                     stats=Stats.of(counts[:-1], counts[-1], timed))
+            for (stack, phase, operator, overload, category), counts in self._rows)))
+
+    def _sum(self, keep) -> Stats:
+        total = [0] * len(ROW)
+        for key, counts in self._rows:
+            if keep(key):
+                total = list(map(add, total, counts))
+        return Stats.of(total[:-1], total[-1], self.timing)
+
+    @property
+    def total(self) -> Stats:
+        """Everything counted, all phases."""
+        return self._cached("total", lambda: self._sum(lambda key: True))
+
+    def by_phase(self) -> dict[str, Stats]:
+        """``{phase: Stats}`` for every phase of ``PHASES``."""
+        return dict(self._cached("phases", lambda: {
+            p: self._sum(lambda key, p=p: key[1] == p) for p in PHASES}))
+
+    def model_flops(self) -> int:
+        """Forward + backward flops: what the model needs, recompute and optimizer not
+        included (the numerator of MFU)."""
+        phases = self.by_phase()
+        return sum(phases[p].flops for p in MODEL_PHASES)
+
+    def hardware_flops(self) -> int:
+        """Every flop executed: forward, backward, recompute and optimizer (that of HFU)."""
+        return self.total.flops
+
+    def by_operator(self, phase: Optional[str] = None) -> dict[str, Stats]:
+        """``{"aten.mm": Stats}`` over the whole run (or one phase)."""
+        _check_phase(phase)
+
+        def compute():
+            sums: dict[str, list] = {}
+            for (_, p, operator, _, _), counts in self._rows:
+                if phase is None or p == phase:
+                    _accumulate(sums, operator, counts)
+            return {op: Stats.of(t[:-1], t[-1], self.timing) for op, t in sums.items()}
+
+        return dict(self._cached(("operators", phase), compute))
+
+    def module_names(self) -> list[str]:
+        """Module names in ``named_modules()`` order (the table's tree order)."""
+        return list(self.module_facts.names)
+
+    def module_types(self) -> dict[str, str]:
+        """``{name: class name}`` of every module."""
+        return dict(zip(self.module_facts.names, self.module_facts.types))
+
+    def by_module(self, phase: Optional[str] = None) -> dict[str, ModuleStats]:
+        """``{name: ModuleStats}`` for every module that ran (names of ``named_modules()``;
+        ``ROOT`` == "" is the root model, or everything when no model was given)."""
+        _check_phase(phase)
+        return dict(self._cached(("modules", phase), lambda: self._modules(phase)))
+
+    def _modules(self, phase: Optional[str]) -> dict[str, ModuleStats]:
+        facts, timed = self.module_facts, self.timing
+        calls = facts.calls
+        inclusive: dict[str, list] = {}
+        exclusive: dict[str, list] = {}
+        operators: dict[str, dict] = {}
+        forward_ns: dict[str, int] = {}
+        credits: dict[tuple, set] = {}
+        for (stack, p, operator, _, _), counts in self._rows:
+            if phase is not None and p != phase:
+                continue
+            _accumulate(exclusive, stack[-1], counts)
+            names = credits.get(stack)
+            if names is None:
+                names = credits[stack] = credited(stack, calls)
+            for name in names:
+                _accumulate(inclusive, name, counts)
+                _accumulate(operators.setdefault(name, {}), operator, counts)
+                if p == FORWARD:
+                    forward_ns[name] = forward_ns.get(name, 0) + counts[-1]
+        if timed and phase in (None, FORWARD):
+            # a called module's forward latency is its call spans, hook to hook (what its
+            # caller waits for, Python between its ops included); backward stays the sum of
+            # its ops' times. Spans replace the forward ops' times, never add to them.
+            for name, span_ns in facts.spans.items():
+                total = inclusive.setdefault(name, [0] * len(ROW))
+                total[-1] += span_ns - forward_ns.get(name, 0)
+        saved: dict[str, int] = {}
+        own_saved: dict[str, int] = {}
+        if self.saved_activations and phase in (None, FORWARD):
+            for stack, n in facts.saved.items():
+                own_saved[stack[-1]] = own_saved.get(stack[-1], 0) + n
+                for name in credited(stack, calls):
+                    saved[name] = saved.get(name, 0) + n
+        names = set(inclusive) | {n for n, c in calls.items() if c}
+        if not self.has_model:
+            names.add(ROOT)
+        params = dict(zip(facts.names, facts.params))
+        order = {name: i for i, name in enumerate(facts.names)}
+        zero = (0,) * len(ROW)
+
+        def stats(counts) -> Stats:
+            return Stats.of(counts[:-1], counts[-1], timed)
+
+        with_saved = self.saved_activations
+        return {
+            name: ModuleStats(
+                name=name,
+                calls=calls.get(name, 0),
+                params=params.get(name, 0),
+                inclusive=stats(inclusive.get(name, zero)),
+                exclusive=stats(exclusive.get(name, zero)),
+                by_operator=frozen_mapping({op: stats(c)
+                                            for op, c in operators.get(name, {}).items()}),
+                saved_bytes=saved.get(name, 0) if with_saved else None,
+                saved_bytes_exclusive=own_saved.get(name, 0) if with_saved else None,
+            )
+            for name in sorted(names, key=lambda n: (order.get(n, len(order)), n))
+        }
+
+    def _calls_in(self, category: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (_, _, operator, _, c), counts in self._rows:
+            if c == category:
+                out[operator] = out.get(operator, 0) + counts[0]
+        return out
+
+    def unsupported_ops(self) -> dict[str, int]:
+        """``{"aten.foo": calls}`` for ops with no formula, no estimate, not declared zero-work:
+        their bytes are counted, their flops are unknown."""
+        return self._calls_in(UNSUPPORTED)
+
+    def estimated_ops(self) -> dict[str, int]:
+        """``{"aten.foo": calls}`` for ops priced by the family estimate of their tag
+        (``torch.Tag.pointwise``: one flop per output element), not by a formula."""
+        return self._calls_in(ESTIMATED)
+
+    def coverage(self) -> Coverage:
+        """Shares of the run's op calls, and of its bytes moved, priced by a formula, declared
+        to do no arithmetic, estimated, or unknown."""
+        calls = dict.fromkeys(CATEGORIES, 0)
+        moved = dict.fromkeys(CATEGORIES, 0)
+        read, written = COUNTS.index("bytes_read"), COUNTS.index("bytes_written")
+        for key, counts in self._rows:
+            calls[key[4]] += counts[0]
+            moved[key[4]] += counts[read] + counts[written]
+        return Coverage(frozen_mapping(calls), frozen_mapping(moved))
+
+    # -- time -------------------------------------------------------------------------------
+    def _require_timing(self, what: str) -> None:
+        if not self.timing:
+            raise ValueError(f"{what} needs measured time: count with FlopCounter(..., "
+                             f"timing=True) or dispatch_flops.profile(...)")
+
+    def top_ops_by_time(self, k: int = 10) -> list[tuple[str, Stats]]:
+        """The ``k`` operators that took the most time, longest first."""
+        self._require_timing("top_ops_by_time")
+        ops = sorted(self.by_operator().items(), key=lambda item: -(item[1].latency_s or 0))
+        return ops[:k]
+
+    def top_modules_by_time(self, k: int = 10, *, inclusive: bool = False
+                            ) -> list[tuple[str, ModuleStats]]:
+        """The ``k`` modules that took the most time: by the time of the ops they ran
+        directly (default), or by their inclusive latency (the root first, then its parts)."""
+        self._require_timing("top_modules_by_time")
+
+        def latency(m: ModuleStats) -> float:
+            return (m.latency_s if inclusive else m.exclusive.latency_s) or 0.0
+
+        return sorted(self.by_module().items(), key=lambda item: -latency(item[1]))[:k]
+
+    # -- roofline ---------------------------------------------------------------------------
+    def device(self, device: Optional[DeviceSpec] = None) -> DeviceSpec:
+        """``device`` when given; else the built-in spec of the GPU the run was made on, or of
+        the current GPU. ``ValueError`` when there is none."""
+        if device is not None:
+            if not isinstance(device, DeviceSpec):
+                raise TypeError(f"device must be a DeviceSpec, got {type(device).__name__}")
+            return device
+        found = device_spec(self.run.device_name) if self.run.device_name else None
+        if found is None:
+            found = device_spec()
+        if found is None:
+            raise ValueError("no built-in DeviceSpec for this device (built in: "
+                             f"{sorted(DEVICES)}); pass device=DeviceSpec(name, "
+                             "{'bfloat16': flop_s}, bytes_s) or DeviceSpec.cpu(flop_s, bytes_s)")
+        return found
+
+    def roofline_by_operator(self, device: Optional[DeviceSpec] = None, dtype=None
+                             ) -> dict[str, Roofline]:
+        """Each operator against ``device``'s roofs (see ``device``) at ``dtype`` (the
+        model's parameter dtype when None)."""
+        spec, dtype = self.device(device), dtype or self.dtype
+        return {op: spec.roofline(stats, dtype) for op, stats in self.by_operator().items()}
+
+    def roofline_by_module(self, device: Optional[DeviceSpec] = None, dtype=None
+                           ) -> dict[str, Roofline]:
+        """Each module (inclusive) against ``device``'s roofs; see ``roofline_by_operator``."""
+        spec, dtype = self.device(device), dtype or self.dtype
+        return {name: spec.roofline(m.inclusive, dtype) for name, m in self.by_module().items()}
+
+    def mfu(self, device: Optional[DeviceSpec] = None, dtype=None) -> float:
+        """Model flops utilisation: ``model_flops()`` / (wall time of the block x peak)."""
+        return self._utilisation("mfu", self.model_flops(), device, dtype)
+
+    def hfu(self, device: Optional[DeviceSpec] = None, dtype=None) -> float:
+        """Hardware flops utilisation: ``hardware_flops()`` / (wall time x peak)."""
+        return self._utilisation("hfu", self.hardware_flops(), device, dtype)
+
+    def _utilisation(self, what: str, flops: int, device, dtype) -> float:
+        self._require_timing(what)
+        if not self.wall_s:
+            raise ValueError(f"{what} needs a finished, timed block: read it after the block")
+        return flops / (self.wall_s * self.device(device).peak_flops(dtype or self.dtype))
+
+    # -- output -----------------------------------------------------------------------------
+    def table(self, depth: int = 2) -> str:
+        """The module tree to ``depth`` (0 = root only) with human units and % of total."""
+        return module_table(self, depth)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_dict(self) -> dict:
+        """Everything above as JSON-serialisable plain data (docs/schema.md)."""
+        facts, run = self.module_facts, self.run
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": run.model,
+            "has_model": run.has_model,
+            "attention": run.attention,
+            "timing": run.timing,
+            "saved_activations": run.saved_activations,
+            "repeats": run.repeats,
+            "wall_s": run.wall_s,
+            "steps": run.steps,
+            "dtype": run.dtype,
+            "device": run.device,
+            "device_name": run.device_name,
+            "rank": run.rank,
+            "world_size": run.world_size,
+            "modules": [
+                {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
+                 "forward_span_ns": facts.spans.get(name)}
+                for name, kind, n in zip(facts.names, facts.types, facts.params)
+            ],
+            "saved": [{"stack": list(stack), "bytes": n} for stack, n in facts.saved.items()],
+            "total": self.total.to_dict(),
+            "by_phase": {p: s.to_dict() for p, s in self.by_phase().items()},
+            "model_flops": self.model_flops(),
+            "hardware_flops": self.hardware_flops(),
+            "by_module": {n: m.to_dict() for n, m in self.by_module().items()},
+            "by_operator": {op: s.to_dict() for op, s in self.by_operator().items()},
+            "unsupported_ops": self.unsupported_ops(),
+            "estimated_ops": self.estimated_ops(),
+            "coverage": self.coverage().to_dict(),
+            "records": [r.to_dict() for r in self.records()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "data") -> "Profile":
+        """A Profile from ``to_dict()``'s data; ``ValueError`` naming what is missing."""
+        if not isinstance(data, dict) or "schema_version" not in data:
+            raise ValueError(f"{source} is not a dispatch_flops run: write one with "
+                             "fc.to_json(path)")
+        if data["schema_version"] != SCHEMA_VERSION:
+            raise ValueError(f"{source} has schema_version {data['schema_version']!r}; this "
+                             f"dispatch_flops reads version {SCHEMA_VERSION} (re-export the "
+                             "run with this version)")
+        run_fields = {f: data[f] for f in RunFacts.__dataclass_fields__ if f != "model"
+                      and f in data}
+        missing = [k for k in ("model", "records", "modules", "timing", "attention")
+                   if k not in data]
+        if missing:
+            raise ValueError(f"{source} is not a dispatch_flops run (missing {missing}); "
+                             "write one with fc.to_json(path)")
+        run = RunFacts(model=data["model"], **run_fields)
+        modules = data["modules"]
+        facts = ModuleFacts(
+            names=tuple(m["name"] for m in modules) or (ROOT,),
+            types=tuple(m.get("type", "") for m in modules) or ("",),
+            params=tuple(m["params"] for m in modules) or (0,),
+            calls={m["name"]: m["calls"] for m in modules},
+            spans={m["name"]: m["forward_span_ns"] for m in modules
+                   if m.get("forward_span_ns") is not None},
+            saved={tuple(s["stack"]): s["bytes"] for s in data.get("saved", [])},
+        )
+        rows: dict[tuple, list] = {}
+        for r in data["records"]:
+            stats = r["stats"]
+            latency = stats.get("latency_s")
+            counts = tuple(stats[c] for c in COUNTS) + (
+                round(latency * 1e9) if latency else 0,)
+            key = (tuple(r["stack"]), r["phase"], r["operator"], r["overload"], r["category"])
+            _accumulate(rows, key, counts)
+        return cls([(k, tuple(v)) for k, v in rows.items()], facts, run)
+
+    def to_json(self, path) -> None:
+        """Write ``to_dict()`` as JSON (``schema_version`` 2, docs/schema.md), whole or not
+        at all; ``Profile.from_json(path)`` reads it back."""
+        text = json.dumps(self.to_dict(), indent=1) + "\n"
+        export.write_text(path, text)
+
+    @classmethod
+    def from_json(cls, path) -> "Profile":
+        """The Profile a ``to_json`` file holds."""
+        with open(path) as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{os.fspath(path)} is not JSON: {e}") from None
+        return cls.from_dict(data, source=os.fspath(path))
+
+    def to_csv(self, path) -> None:
+        """One row per module x phase x operator (see ``dispatch_flops.export.COLUMNS``)."""
+        export.write_csv(self, path)
+
+    def to_dataframe(self):
+        """The rows of ``to_csv`` as a pandas DataFrame (needs pandas)."""
+        return export.dataframe(self)
+
+    @property
+    def trace(self) -> Optional[tuple]:
+        """``(events, dropped)`` of a run counted with ``trace=True``, else None."""
+        return self._trace
+
+    def to_chrome_trace(self, path) -> None:
+        """Module calls and op calls on their timeline, as Trace Event Format JSON for
+        Perfetto (ui.perfetto.dev) or chrome://tracing. Needs a run with ``trace=True``."""
+        export.write_chrome_trace(self, path)
+
+    # -- combining runs ---------------------------------------------------------------------
+    @classmethod
+    def merge(cls, runs: Iterable) -> "Profile":
+        """Runs of the same model (counters or Profiles: steps, repeats, ranks) as one: calls,
+        counts, latencies and wall times summed, ``steps`` added. The merged runs are kept in
+        ``parts``; merging merged Profiles keeps their parts (so merge is associative).
+        ``ValueError`` when the runs are of different models or options."""
+        profiles = [as_profile(r) for r in runs]
+        if not profiles:
+            raise ValueError("merge needs at least one run")
+        first = profiles[0]
+        for i, p in enumerate(profiles[1:], 1):
+            why = _difference(first, p)
+            if why:
+                raise ValueError(f"cannot merge run {i} with run 0: {why}")
+        rows: dict[tuple, list] = {}
+        calls: dict[str, int] = {}
+        spans: dict[str, int] = {}
+        saved: dict[tuple, int] = {}
+        for p in profiles:
+            for key, counts in p._rows:
+                _accumulate(rows, key, counts)
+            for into, facts in ((calls, p.module_facts.calls), (spans, p.module_facts.spans),
+                                (saved, p.module_facts.saved)):
+                for k, v in facts.items():
+                    into[k] = into.get(k, 0) + v
+        walls = [p.wall_s for p in profiles]
+        run = replace(first.run, steps=sum(p.steps for p in profiles),
+                      wall_s=None if None in walls else sum(walls),
+                      repeats=min(p.repeats for p in profiles))
+        facts = replace(first.module_facts, calls=calls, spans=spans, saved=saved)
+        parts = tuple(q for p in profiles for q in (p.parts or (p,)))
+        return cls([(k, tuple(v)) for k, v in rows.items()], facts, run, parts=parts)
+
+    def per_step(self) -> "Profile":
+        """The mean step: every count, time and the wall time divided by ``steps`` (an
+        integer where it divides exactly, a float where it does not)."""
+        n = self.steps
+        if n == 1:
+            return self
+
+        def mean(value):
+            return value // n if value % n == 0 else value / n
+
+        facts = replace(self.module_facts,
+                        calls={k: mean(v) for k, v in self.module_facts.calls.items()},
+                        spans={k: mean(v) for k, v in self.module_facts.spans.items()},
+                        saved={k: mean(v) for k, v in self.module_facts.saved.items()})
+        run = replace(self.run, steps=1,
+                      wall_s=None if self.wall_s is None else self.wall_s / n)
+        rows = [(key, tuple(mean(v) for v in counts)) for key, counts in self._rows]
+        return Profile(rows, facts, run)
+
+    def with_medians(self, runs: list["Profile"]) -> "Profile":
+        """This run with every op's, module span's and the wall time replaced by the median
+        over ``runs`` (this one among them) that ran the same ops; ``repeats`` says how many
+        did (see ``dispatch_flops.profile``)."""
+        keys = [key for key, _ in self._rows]
+        alike = [r for r in runs if [key for key, _ in r._rows] == keys]
+        rows = [(key, counts[:-1] + (statistics.median_low([r._rows[i][1][-1] for r in alike]),))
+                for i, (key, counts) in enumerate(self._rows)]
+        spans = {name: statistics.median_low([r.module_facts.spans.get(name, 0) for r in alike])
+                 for name in self.module_facts.spans}
+        walls = [r.wall_s for r in alike if r.wall_s is not None]
+        run = replace(self.run, repeats=len(alike),
+                      wall_s=statistics.median_low(walls) if walls else self.wall_s)
+        return Profile(rows, replace(self.module_facts, spans=spans), run, trace=self._trace)
+
+
+def _difference(a: Profile, b: Profile) -> str:
+    """Why two runs cannot be merged ("" when they can)."""
+    if a.root_label != b.root_label or a.has_model != b.has_model:
+        return f"different models ({a.root_label!r} and {b.root_label!r})"
+    if a.module_facts.names != b.module_facts.names:
+        return f"different module trees ({a.root_label}: modules differ)"
+    if a.module_facts.params != b.module_facts.params:
+        return f"different parameter counts ({a.root_label}: a module's parameters differ)"
+    for option in ("attention", "timing", "saved_activations"):
+        if getattr(a.run, option) != getattr(b.run, option):
+            return (f"different {option} ({getattr(a.run, option)!r} and "
+                    f"{getattr(b.run, option)!r}): count both runs with the same options")
+    return ""

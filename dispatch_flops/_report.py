@@ -6,7 +6,7 @@ from tabulate import tabulate
 
 from ._format import duration, human
 from ._results import (BACKWARD, ESTIMATED, EXACT, FORWARD, NO_ARITHMETIC, OPTIMIZER, PHASES,
-                       RECOMPUTE, ROOT, UNSUPPORTED)
+                       MODEL_PHASES, RECOMPUTE, ROOT, UNSUPPORTED, depth_of)
 
 _PHASE_HEADERS = {FORWARD: "Fwd FLOPs", BACKWARD: "Bwd FLOPs", OPTIMIZER: "Opt FLOPs",
                   RECOMPUTE: "Recompute FLOPs"}
@@ -27,7 +27,7 @@ def module_table(counter, depth: int = 2) -> str:
     per_phase = {p: counter.by_module(phase=p) for p in shown}
     total = counter.total.flops
     headers = ["Module", "Calls", "Params", "MACs", "FLOPs", "% FLOPs", "Read", "Written"]
-    headers[5:5] = [_PHASE_HEADERS[p] for p in shown]
+    headers[5:5] = [_PHASE_HEADERS.get(p, f"{p.title()} FLOPs") for p in shown]
     saved = counter.saved_activations
     if saved:
         headers.append("Saved")
@@ -37,7 +37,7 @@ def module_table(counter, depth: int = 2) -> str:
         headers += ["Latency", "% Time", "FLOPS"]
     rows = []
     for name in counter.module_names():
-        level = 0 if name == ROOT else name.count(".") + 1
+        level = depth_of(name)
         if level > depth or name not in modules:
             continue
         m = modules[name]
@@ -57,7 +57,7 @@ def module_table(counter, depth: int = 2) -> str:
     align = ("left",) + ("right",) * (len(headers) - 1)
     lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align),
              coverage_line(counter.coverage())]
-    if any(by_phase[p].calls for p in (OPTIMIZER, RECOMPUTE)):
+    if any(by_phase[p].calls for p in PHASES if p not in MODEL_PHASES):
         lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
     if timed:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 ROOT = ""  # the root model's name in by_module(); without a model, everything is charged here
+# Phases: which part of a step an op belongs to. The tracker's ``phase_of`` is the one rule
+# that decides it; every accumulator, report and export loops over PHASES, so a new phase is
+# a constant here and a branch of that rule.
 FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER = "optimizer"  # ops run inside optimizer.step()
@@ -40,14 +43,14 @@ class Stats:
     latency_s: Optional[float] = None
 
     def __add__(self, other: "Stats") -> "Stats":
-        return Stats(
-            self.calls + other.calls,
-            self.flops + other.flops,
-            self.macs + other.macs,
-            self.bytes_read + other.bytes_read,
-            self.bytes_written + other.bytes_written,
-            _add_latency(self.latency_s, other.latency_s),
-        )
+        return Stats(*[getattr(self, f) + getattr(other, f) for f in COUNTS],
+                     _add_latency(self.latency_s, other.latency_s))
+
+    @classmethod
+    def of(cls, counts: Iterable[int], ns: int, timed: bool) -> "Stats":
+        """Stats from integer ``counts`` in ``COUNTS`` order and ``ns`` of measured time
+        (``latency_s`` stays ``None`` unless ``timed``)."""
+        return cls(*counts, ns / 1e9 if timed else None)
 
     @property
     def bytes(self) -> int:
@@ -71,6 +74,13 @@ class Stats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# Stats' integer counts, in field order: every record, row and column of the engine and the
+# exports is laid out by these names (a new per-op metric is a new Stats field)
+COUNTS = tuple(f.name for f in fields(Stats) if f.name != "latency_s")
+# the counts a formula and the op's tensors price per call: every count but ``calls``
+PRICED = COUNTS[1:]
 
 
 @dataclass(frozen=True)
@@ -188,3 +198,33 @@ class Coverage:
 
 def frozen_mapping(d: dict) -> Mapping:
     return MappingProxyType(dict(d))
+
+
+def depth_of(name: str) -> int:
+    """A module name's depth in the tree: 0 for the root, 1 for its children, ..."""
+    return 0 if name == ROOT else name.count(".") + 1
+
+
+def static_prefixes(name: str) -> list[str]:
+    """'a.b.c' -> ['a', 'a.b', 'a.b.c']; the root has none."""
+    if name == ROOT:
+        return []
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def credited(stack: tuple, calls: Mapping[str, int]) -> set[str]:
+    """Modules whose inclusive totals an op run under ``stack`` counts toward: every running
+    module once, plus static ancestors never called themselves (ModuleList, ModuleDict)."""
+    names = set(stack)
+    for name in stack:
+        for prefix in static_prefixes(name)[:-1]:
+            if not calls.get(prefix):
+                names.add(prefix)
+    return names
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """``ValueError`` unless ``value`` is an int (not a bool) >= ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")

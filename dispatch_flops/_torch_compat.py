@@ -1,48 +1,47 @@
-"""``FlopCounterMode``: torch's constructor in front of ``FlopCounter``, so code written for
-``torch.utils.flop_counter.FlopCounterMode`` switches by changing the import."""
+"""torch.utils.flop_counter.FlopCounterMode's reading API, on a Profile: ``get_total_flops``,
+``get_flop_counts`` and ``get_table`` answer as torch's do, with this package's counts.
+(``FlopCounterMode`` itself, torch's constructor, is in ``_torch_mode``.)"""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from torch import nn
+import torch
 
-from .counter import FlopCounter
+from ._results import ROOT
 
 
-class FlopCounterMode(FlopCounter):
-    """``torch.utils.flop_counter.FlopCounterMode(mods, depth, display, custom_mapping)``,
-    counted by this package: ``get_total_flops()``, ``get_flop_counts()``, ``get_table()``
-    answer as torch's do, and every ``FlopCounter`` view is there too.
+def _packet(operator: str):
+    """``"aten.mm"`` -> ``torch.ops.aten.mm``: the key torch's counter uses."""
+    namespace, _, name = operator.partition(".")
+    return getattr(getattr(torch.ops, namespace), name)
 
-    >>> with FlopCounterMode(model, display=False) as mode:
-    ...     model(x).sum().backward()
-    >>> mode.get_total_flops(), mode.get_flop_counts()["Global"]
 
-    Pass the model to attribute ops to its modules (torch tracks modules without it; this
-    counter charges everything to ``"Global"`` then). Counts follow this package's
-    conventions (bias adds, softmax, norms are counted; see README), so they can exceed
-    torch's. ``custom_mapping`` is not taken: register formulas with ``register_formula``.
-    """
+class TorchCompat:
+    """Mixin of a class with ``total``, ``by_module()``, ``table()``, ``root_label`` and
+    ``has_model``."""
 
-    def __init__(self, mods: Optional[nn.Module] = None, depth: int = 2, display: bool = True,
-                 custom_mapping: Optional[dict] = None, **options):
-        if custom_mapping:
-            raise TypeError("custom_mapping is torch's formula format; register formulas with "
-                            "dispatch_flops.register_formula (they return a Cost)")
-        if isinstance(mods, (list, tuple)):
-            if len(mods) != 1:
-                raise TypeError("FlopCounterMode takes one model (torch's list of modules is "
-                                "deprecated there too)")
-            mods = mods[0]
-        super().__init__(mods, **options)
-        self.depth = depth
-        self.display = display
+    def get_total_flops(self) -> int:
+        """Every flop counted, all phases (torch's ``FlopCounterMode.get_total_flops``)."""
+        return self.total.flops
+
+    def get_flop_counts(self) -> dict:
+        """``{module: {op packet: flops}}`` as torch's ``FlopCounterMode`` keys them:
+        ``"Global"`` for the whole run, the model's class name for the root, then
+        ``"<class>.<module name>"``; inclusive, all phases, ops with flops only."""
+        out = {}
+        for name, m in self.by_module().items():
+            counts = {_packet(op): s.flops for op, s in m.by_operator.items() if s.flops}
+            if name == ROOT:
+                out["Global"] = counts
+                if not self.has_model:
+                    continue
+            if counts:
+                out[self.root_label + ("." + name if name else "")] = counts
+        out.setdefault("Global", {})
+        return out
 
     def get_table(self, depth: Optional[int] = None) -> str:
-        return super().get_table(self.depth if depth is None else depth)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        super().__exit__(exc_type, exc, tb)
-        if self.display and exc_type is None:
-            print(self.get_table())
+        """The module table, ``depth`` counted as torch's ``get_table`` counts it (1: the
+        model, 2: its children; None: 2). ``table(depth)`` counts from 0 for the model."""
+        return self.table(max((2 if depth is None else depth) - 1, 0))

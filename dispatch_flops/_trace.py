@@ -1,9 +1,9 @@
 """A timeline of the run, for ``FlopCounter(model, trace=True)``: every op's and module
 call's start and end, not only their summed time.
 
-``TracingTimer`` is a ``Timer`` that also notes, for each op, the accumulator it was counted
-into (the ``[calls, flops, macs, read, written, ns, entry]`` list the dispatch mode hands to
-``add``) and, for each module call, the frame's span list. The dispatch mode and the hooks
+``TracingTimer`` is a ``Timer`` that also notes, for each op, the op record it was counted
+into (see ``_records``; the dispatch mode hands it to ``add``) and, for each module call, the
+frame's span list. The dispatch mode and the hooks
 are the same as with plain timing; what an event means (op, module, phase, signature) is
 worked out only when the trace is read, by finding which frame and phase each noted list
 belongs to. Formulas are priced then too, once per signature, as ``records()`` does.
@@ -16,7 +16,8 @@ from time import perf_counter_ns
 from typing import Optional
 import torch
 
-from ._results import FORWARD
+from ._records import CATEGORY_NAMES, SIGNATURE, SUMS
+from ._results import FORWARD, PHASES, PRICED
 from ._timing import Timer
 
 TRACE_LIMIT = 200_000  # events kept per counter (op calls + module calls); later ones dropped
@@ -27,9 +28,9 @@ BLOCK = "block"  # the whole ``with`` block
 
 
 class TracingTimer(Timer):
-    """Times like ``Timer`` and keeps ``(counts, start, end, flops, macs, read, written)`` per
-    op call (the counts list's running totals at that moment, to tell this call's share)
-    and ``(counts, start, end)`` per span, up to ``limit`` events."""
+    """Times like ``Timer`` and keeps ``(record, start, end, sums)`` per op call (``sums``:
+    a record priced as it runs, its running sums at that moment, to tell this call's share)
+    and ``(span list, start, end)`` per module call, up to ``limit`` events."""
 
     def __init__(self, limit: Optional[int] = None) -> None:
         super().__init__()
@@ -43,7 +44,8 @@ class TracingTimer(Timer):
         super().add(counts, index, token)
         if len(self.events) < self.limit:
             start, end = token
-            self.events.append((counts, start, end, counts[1], counts[2], counts[3], counts[4]))
+            sums = counts[SUMS]
+            self.events.append((counts, start, end, None if sums is None else tuple(sums)))
         else:
             self.dropped += 1
 
@@ -83,60 +85,50 @@ class TraceEvent:
     bytes_written: int = 0
 
 
-def trace_events(counter) -> tuple[list[TraceEvent], int]:
-    """``(events in time order, events dropped past the limit)`` of a finished counter that
-    ran with ``trace=True``."""
-    timer = counter._timer
-    if not isinstance(timer, TracingTimer):
-        raise ValueError("no timeline was kept: count with FlopCounter(model, trace=True) "
-                         "(or dispatch_flops.profile(..., trace=True))")
-    if counter._active:
-        raise ValueError("the trace is read after the with block")
-    from .counter import _CATEGORY_NAME
-
+def trace_events(timer: TracingTimer, ledger, resolutions: dict, label: str
+                 ) -> tuple[list[TraceEvent], int]:
+    """``(events in time order, events dropped past the limit)`` of a finished counter's
+    ``timer``, counted into ``ledger`` with op ``resolutions``; ``label`` names the block."""
     timer.resolve()
     if timer.cuda:
         torch.cuda.synchronize()
-    mode, tracker = counter._mode, counter._tracker
-    owner: dict[int, tuple] = {}  # id of a counts list -> (frame, phase, key)
-    for frame in tracker.frames():
+    owner: dict[int, tuple] = {}  # id of a record or span list -> (frame, phase, key)
+    for frame in ledger.frames:
         owner[id(frame.span)] = (frame, FORWARD, None)
-        for phase, acc in frame.accumulators():
-            for key, counts in acc.items():
-                owner[id(counts)] = (frame, phase, key)
-    costs: dict[tuple, object] = {}
-    seen: dict[int, tuple] = {}  # running totals of each counts list at its last event
+        for phase, acc in zip(PHASES, frame.acc):
+            for key, rec in acc.items():
+                owner[id(rec)] = (frame, phase, key)
+    seen: dict[int, tuple] = {}  # running sums of each priced-as-run record at its last event
     names: dict[int, tuple] = {}  # op key -> (operator, overload, category)
+    zero = (0,) * len(PRICED)
     events = []
     for event in timer.events:
-        counts, start, end = event[0], timer.ns(event[1]), timer.ns(event[2])
-        found = owner.get(id(counts))
+        rec, start, end = event[0], timer.ns(event[1]), timer.ns(event[2])
+        found = owner.get(id(rec))
         if found is None:  # the block's own span
-            events.append(TraceEvent(BLOCK, counter.root_label, FORWARD, (), start, end))
+            events.append(TraceEvent(BLOCK, label, FORWARD, (), start, end))
             continue
         frame, phase, key = found
         if len(event) == 3:
             events.append(TraceEvent(MODULE, frame.name, FORWARD, frame.stack, start, end))
             continue
-        totals = event[3:]
-        before = seen.get(id(counts), (0, 0, 0, 0))
-        seen[id(counts)] = totals
-        flops, macs, read, written = (now - then for now, then in zip(totals, before))
-        op_key = key
-        entry = counts[6]
-        if entry is not None:  # counted by signature: priced here, once per signature; the
-            # record keeps no running flops or bytes, each call moves its entry's
-            cost = costs.get(key)
-            if cost is None:
-                cost = costs[key] = mode.cost(key[0], entry)
-            flops, macs, op_key = cost.flops, cost.macs, key[0]
-            read, written = entry[1], entry[2]
-        named = names.get(op_key)
+        op = key if key.__class__ is int else key[0]
+        resolved = resolutions[op]
+        sums = event[3]
+        if sums is not None:  # this call's share: the sums' growth since the last event
+            before = seen.get(id(rec), zero)
+            seen[id(rec)] = sums
+            unit = tuple(now - then for now, then in zip(sums, before))
+        elif rec[SIGNATURE] is not None:  # every call of a signature counts the same
+            unit = rec[SIGNATURE].unit(resolved)
+        else:
+            unit = zero
+        named = names.get(op)
         if named is None:
-            func = mode.op(op_key)
-            named = names[op_key] = (str(func.overloadpacket), str(func),
-                                     _CATEGORY_NAME[mode.category(op_key)])
+            func = resolved.func
+            named = names[op] = (str(func.overloadpacket), str(func),
+                                 CATEGORY_NAMES[resolved.category.value])
         events.append(TraceEvent(OP, named[0], phase, frame.stack, start, end, named[1],
-                                 named[2], flops, macs, read, written))
+                                 named[2], **dict(zip(PRICED, unit))))
     events.sort(key=lambda e: (e.start_ns, -e.end_ns))
     return events, timer.dropped

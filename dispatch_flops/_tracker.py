@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from operator import attrgetter, itemgetter
 from typing import Optional
 
 import torch
@@ -30,16 +29,40 @@ from torch.optim.optimizer import (
 
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from ._results import BACKWARD, FORWARD, OPTIMIZER, RECOMPUTE, ROOT
+from ._records import CALLS, NS, SUMS
+from ._results import BACKWARD, FORWARD, OPTIMIZER, PHASES, RECOMPUTE, ROOT, static_prefixes
 
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
-# an op record: [calls, flops, macs, bytes_read, bytes_written, ns, signature entry or None]
-RECORD_FIELDS = 7
 # module boundaries kept for attributing backward ops (see _forget_oldest_boundaries)
 BOUNDARY_WINDOW = 100_000
 _sequence_nr = torch.autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+# indices into PHASES and into every frame's ``acc``
+FORWARD_I, BACKWARD_I, OPTIMIZER_I, RECOMPUTE_I = map(
+    PHASES.index, (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE))
+
+
+def phase_of(*, node: bool, recompute: bool, optimizer: bool) -> int:
+    """The one rule that decides an op's phase (an index into ``PHASES``):
+
+    - ``recompute``: activation checkpointing is re-running forward inside backward (a module
+      called while autograd runs a node, reentrant checkpointing's own node, or an op under
+      non-reentrant checkpointing's recomputation hook);
+    - ``backward``: autograd is running a node (``node``);
+    - ``optimizer``: inside ``optimizer.step()`` (torch's global step hooks);
+    - ``forward``: anything else.
+
+    The tracker asks it whenever its state changes and aims the mode's ``forward_acc`` at the
+    answer; the mode asks it for each autograd node its ops run under."""
+    if recompute:
+        return RECOMPUTE_I
+    if node:
+        return BACKWARD_I
+    if optimizer:
+        return OPTIMIZER_I
+    return FORWARD_I
 
 
 def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
@@ -64,52 +87,33 @@ def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
     return name_of, modules
 
 
-def static_prefixes(name: str) -> list[str]:
-    """'a.b.c' -> ['a', 'a.b', 'a.b.c']; the root has none."""
-    if name == ROOT:
-        return []
-    parts = name.split(".")
-    return [".".join(parts[: i + 1]) for i in range(len(parts))]
-
-
 class Frame:
     """One running stack of modules, root first, with the ops counted under it.
 
-    Each phase's accumulator maps an op key to ``[calls, flops, macs, bytes_read,
-    bytes_written, ns]``; the dispatch mode writes them, the report reads them."""
+    ``acc[i]`` is phase ``PHASES[i]``'s accumulator: op key (an overload's id, or a
+    signature) -> op record (see ``_records``); the dispatch mode writes them."""
 
-    __slots__ = ("name", "parent", "stack", "children", "calls", "forward", "backward",
-                 "optimizer", "recompute", "span", "saved", "book")
+    __slots__ = ("name", "parent", "stack", "children", "calls", "acc", "span", "saved")
 
-    def __init__(self, name: str, parent: Optional["Frame"], book: Optional[list] = None):
+    def __init__(self, name: str, parent: Optional["Frame"], frames: list):
         self.name = name
         self.parent = parent
-        # every frame of the tree, in the order they were made (parents before children)
-        self.book: list = parent.book if parent is not None else book if book is not None else []
-        self.book.append(self)
         self.stack: tuple = (name,) if parent is None else parent.stack + (name,)
         self.children: dict[str, Frame] = {}
         self.calls = 0  # forward calls of the module that entered this frame
-        self.forward: dict = {}
-        self.backward: dict = {}
-        self.optimizer: dict = {}  # only the root's is used: a step is no module's
-        self.recompute: dict = {}  # forward ops re-run by activation checkpointing
+        self.acc: tuple = tuple({} for _ in PHASES)
         self.span = [0]  # ns inside this frame's module calls, hook to hook (timing on)
         self.saved = 0  # bytes saved for backward by the ops run directly under this frame
+        frames.append(self)
 
-    def child(self, name: str) -> "Frame":
+    def child(self, name: str, frames: list) -> "Frame":
         frame = self.children.get(name)
         if frame is None:
-            frame = self.children[name] = Frame(name, self)
+            frame = self.children[name] = Frame(name, self, frames)
         return frame
 
-    def accumulators(self):
-        """(phase, {op key: counts}) for every phase."""
-        return ((FORWARD, self.forward), (BACKWARD, self.backward),
-                (OPTIMIZER, self.optimizer), (RECOMPUTE, self.recompute))
 
-
-# a ledger holding more records is replaced: each counter's snapshots and report walk them all
+# a ledger holding more records is replaced: every harvest walks them all
 _LEDGER_RECORDS_CAP = 10_000
 
 
@@ -118,23 +122,20 @@ class Ledger:
 
     A counter that finds its model's ledger free counts into it: the frames and records its
     ops need are already there, so entering a new ``FlopCounter(model)`` every step costs what
-    keeping one open does. Counts only grow; each counter snapshots them when it enters and
-    when it leaves, and reads its own results as the difference (see ``ModuleTracker``).
-    A ledger counts for one counter at a time: a nested counter gets a new one."""
+    keeping one open does. When the counter exits, its counts are copied into its Profile and
+    the ledger's are set back to zero in place (``reset``). One counter at a time: a nested
+    counter gets a ledger of its own (``busy``)."""
 
-    __slots__ = ("root", "frames", "records", "priced", "busy", "last_end", "home")
+    __slots__ = ("root", "frames", "records", "busy", "home", "layout", "params", "last")
 
     def __init__(self):
         self.frames: list[Frame] = []  # every frame, in the order they were made
-        self.records: list[list] = []  # every op record of every frame, in the same order
-        # the records priced as they were counted (unhashable, symbolic, sizes), whose flops
-        # and bytes fields grow too; all others only grow their calls and ns
-        self.priced: list[list] = []
+        self.records: list[list] = []  # every op record of every frame, in the order made
         self.busy = False
-        # the snapshot its last counter ended on: nothing counts into a ledger between two
-        # counters, so it is where the next one starts
-        self.last_end: Optional[tuple] = None
         self.home: Optional[tuple] = None  # (ledgers, key) where shared_ledger keeps it
+        self.layout = None  # _records.Layout of its records, rebuilt when records are added
+        self.params: Optional[tuple] = None  # (modules, types, params), see the tracker
+        self.last = None  # the last Profile harvested: the next may share its views
         self.root = Frame(ROOT, None, self.frames)
 
     def retire(self) -> None:
@@ -145,27 +146,26 @@ class Ledger:
             if found is not None and found[1] is self:
                 del ledgers[key]
 
-    def snapshot(self) -> tuple:
-        """What grows: every record's calls and ns, the priced records' fields, every frame's
-        calls, span ns and saved bytes."""
-        return (list(map(_calls_field, self.records)), list(map(_ns_field, self.records)),
-                [rec[:] for rec in self.priced], list(map(_calls_of, self.frames)),
-                [f.span[0] for f in self.frames], list(map(_saved_of, self.frames)))
+    def reset(self) -> None:
+        """Every count back to zero, frames and records kept (their layout stays valid)."""
+        for rec in self.records:
+            rec[CALLS] = 0
+            rec[NS] = 0
+            sums = rec[SUMS]
+            if sums is not None:
+                sums[:] = [0] * len(sums)
+        for frame in self.frames:
+            frame.calls = 0
+            frame.span[0] = 0
+            frame.saved = 0
 
 
-_calls_field = itemgetter(0)
-_ns_field = itemgetter(5)
-_calls_of = attrgetter("calls")
-_saved_of = attrgetter("saved")
-
-
-def shared_ledger(cache: dict, model: nn.Module, options) -> Optional[Ledger]:
-    """The ledger of ``model`` under ``options``, kept in ``cache`` (the registry's lookup
-    cache: a registry change starts new ledgers) while the model lives; a new one when it is
-    too large (shapes that keep changing); None when it is counting already (a nested
-    counter keeps a ledger of its own)."""
+def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:
+    """The ledger of ``model`` under ``options``, kept in ``ledgers`` (the engine's cache for
+    the registry's version: a registry change starts new ledgers) while the model lives; a new
+    one when it is too large (shapes that keep changing); None when it is counting already (a
+    nested counter keeps a ledger of its own)."""
     with _LEDGERS_LOCK:  # two threads entering counters on one model get a ledger each
-        ledgers = cache.setdefault("ledgers", {})
         key = (id(model), options)
         found = ledgers.get(key)
         if found is not None and found[0]() is model:
@@ -188,7 +188,7 @@ _LEDGERS_LOCK = threading.Lock()
 
 class ModuleTracker:
     """Maintains the running frame of ``model`` through hooks it removes on detach, and tells
-    ``mode`` (through ``mode.forward_acc``) where forward ops go.
+    ``mode`` (through ``mode.forward_acc``) where ops with no autograd node go.
 
     >>> tracker = ModuleTracker(model, mode)
     >>> tracker.attach(); model(x); tracker.detach()
@@ -200,12 +200,8 @@ class ModuleTracker:
         self.mode = mode
         self.timer = timer
         self._open: list = []  # (frame, start mark) of module calls running, when timing
-        # a shared ledger (see Ledger) is read through snapshots; a private one directly
-        self.shared = ledger is not None
+        self.shared = ledger is not None  # a model's ledger, reset on close; else private
         self.ledger = ledger if ledger is not None else Ledger()
-        self._base = (self.ledger.last_end or self.ledger.snapshot()) if self.shared else None
-        self._end: Optional[tuple] = None
-        self._view: Optional[Frame] = None
         self.root = self.ledger.root
         self.current = self.root
         # frame entered at each module boundary, with the sequence number noted there; the
@@ -226,7 +222,17 @@ class ModuleTracker:
         self._resume = self.root  # the frame to go back to when recomputing ends
         # (saved-tensors pack hook, frame): where the last recomputation's modules sit
         self.recompute_home: tuple = (None, self.root)
-        mode.forward_acc = self.root.forward
+        self._phase = FORWARD_I  # phase_of the tracker's state, asked when the state changes
+        self._aim()
+
+    def _aim(self, phase_changed: bool = False) -> None:
+        """Point the mode's ``forward_acc`` at the running frame's accumulator for the phase
+        the tracker is in (``phase_of``, asked again when ``phase_changed``): the one place it
+        is set."""
+        if phase_changed:
+            self._phase = phase_of(node=False, recompute=self._recompute_depth > 0,
+                                   optimizer=self._optimizer_depth > 0)
+        self.mode.forward_acc = self.current.acc[self._phase]
 
     # -- lifecycle --------------------------------------------------------------------------
     def attach(self) -> None:
@@ -250,26 +256,26 @@ class ModuleTracker:
             handle.remove()
         self._handles.clear()
 
+    def mode_left_installed(self) -> bool:
+        """Whether the mode is still on the dispatch mode stack (counters exited out of order,
+        or a failed exit): it may go on counting into this tracker's ledger."""
+        return self.mode in _get_current_dispatch_mode_stack()
+
     def close(self) -> None:
-        """Counting is over: keep this counter's end of a shared ledger and free it. A mode
-        left installed (counters left out of order, or a failed exit) may go on counting into
-        the ledger: then the ledger is retired, not freed, and the mode keeps its tracker."""
-        left_installed = self.mode in _get_current_dispatch_mode_stack()
-        if not left_installed:
-            self.mode.tracker = None  # no cycle left for the garbage collector to find
-        if self.shared and self._end is None:
-            self._end = self.ledger.snapshot()
-            if left_installed:
-                self.ledger.retire()
-            else:
-                self.ledger.last_end = self._end
-                self.ledger.busy = False
+        """Counting is over: free a shared ledger for the next counter, its counts set back to
+        zero (read them first). A ledger a mode may still count into is retired instead."""
+        if self.mode_left_installed():
+            self.ledger.retire()
+            return
+        self.mode.tracker = None  # no cycle left for the garbage collector to find
+        if self.shared:
+            self.ledger.reset()
+            self.ledger.busy = False
 
     # -- hooks ------------------------------------------------------------------------------
     def _enter(self, frame: Frame) -> None:
         self.current = frame
-        self.mode.forward_acc = (frame.recompute if self._recompute_depth
-                                 else frame.optimizer if self._optimizer_depth else frame.forward)
+        self.mode.forward_acc = frame.acc[self._phase]  # _aim, inlined: every module call
         self.boundary_seqs.append(_sequence_nr())
         self.boundary_frames.append(frame)
         if len(self.boundary_frames) > 2 * BOUNDARY_WINDOW:
@@ -298,7 +304,7 @@ class ModuleTracker:
         else:
             frame = self.current.children.get(name)
             if frame is None:
-                frame = self.current.child(name)
+                frame = self.current.child(name, self.ledger.frames)
             if name not in self._first_frames:  # per counter: a ledger's frames outlive it
                 self._first_frames[name] = frame
             frame.calls += 1
@@ -319,8 +325,9 @@ class ModuleTracker:
             self.recompute_home = (hooks[0] if hooks is not None else None, self.current)
             self.mode.recomputing = True
         self._recompute_depth += 1
+        self._aim(phase_changed=True)
         if name != ROOT:
-            self._enter(self.current.child(name))
+            self._enter(self.current.child(name, self.ledger.frames))
 
     def _pop(self, module, args, output) -> None:
         name = self._name_of.get(id(module))
@@ -350,7 +357,7 @@ class ModuleTracker:
         if not self._recompute_depth:
             self.mode.recomputing = False
             self.current = self._resume
-            self.mode.forward_acc = self._resume.forward
+            self._aim(phase_changed=True)
 
     # -- saved activations (FlopCounter(saved_activations=True)) -----------------------------
     def watch_saved(self) -> None:
@@ -380,12 +387,11 @@ class ModuleTracker:
 
     def _step_begins(self, optimizer, args, kwargs) -> None:
         self._optimizer_depth += 1  # modules called inside the step stay in its phase
-        self.mode.forward_acc = self.current.optimizer
+        self._aim(phase_changed=True)
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
         self._optimizer_depth = max(0, self._optimizer_depth - 1)
-        if not self._optimizer_depth:
-            self.mode.forward_acc = self.current.forward
+        self._aim(phase_changed=True)
 
     def _close(self, frame: Frame) -> None:
         """End the span of ``frame``'s module call (and of any inner call left unclosed)."""
@@ -424,92 +430,51 @@ class ModuleTracker:
             frame = self.root
             for prefix in static_prefixes(name)[:-1]:
                 frame = self._first_frames.get(prefix, frame)
-            frame = frame.child(name)
+            frame = frame.child(name, self.ledger.frames)
         return frame
 
-    # -- report -----------------------------------------------------------------------------
-    @property
-    def names(self) -> list[str]:
-        """The model's module names in ``named_modules()`` order (none without a model)."""
-        return list(self._name_of.values())
+    # -- module facts, read when a Profile is made ------------------------------------------
+    def names(self) -> tuple:
+        """The model's module names in ``named_modules()`` order (the root alone without a
+        model)."""
+        return tuple(self._name_of.values()) if self._name_of else (ROOT,)
 
-    def counted_root(self) -> Frame:
-        """The root of what this counter counted: the ledger's own tree when it is private; from
-        a shared one, a tree of the differences between this counter's snapshots (the end one
-        taken now while counting), with only the frames this counter ran."""
-        if not self.shared:
-            return self.root
-        if self._view is not None:
-            return self._view
-        calls, ns, priced, frame_calls, spans, saved = self._end or self.ledger.snapshot()
-        base_calls, base_ns, base_priced, base_frame_calls, base_spans, base_saved = self._base
-        # the priced records' fields at both ends, the others' calls and ns
-        ends = {id(rec): copy for rec, copy in zip(self.ledger.priced, priced)}
-        starts = {id(rec): copy for rec, copy in zip(self.ledger.priced, base_priced)}
-        index = {id(rec): i for i, rec in enumerate(self.ledger.records)}
-        copies: dict[int, Frame] = {}
-        active: set[int] = set()
-        for i, frame in enumerate(self.ledger.frames[: len(frame_calls)]):
-            if frame.parent is None:
-                copy = Frame(frame.name, None)
-            else:
-                copy = copies[id(frame.parent)].child(frame.name)
-            copies[id(frame)] = copy
-            before = i < len(base_frame_calls)
-            copy.calls = frame_calls[i] - (base_frame_calls[i] if before else 0)
-            copy.span[0] = spans[i] - (base_spans[i] if before else 0)
-            copy.saved = saved[i] - (base_saved[i] if before else 0)
-            if copy.calls or copy.span[0] or copy.saved:
-                active.add(id(copy))
-            for (_, acc), (_, mine) in zip(frame.accumulators(), copy.accumulators()):
-                for key, rec in acc.items():
-                    at = index[id(rec)]
-                    if at >= len(calls):  # made after this counter ended
-                        continue
-                    end = ends.get(id(rec))
-                    if end is None:
-                        known = at < len(base_calls)
-                        n = calls[at] - (base_calls[at] if known else 0)
-                        counts = [n, 0, 0, 0, 0, ns[at] - (base_ns[at] if known else 0),
-                                  rec[-1]] if n else None
-                    else:
-                        start = starts.get(id(rec), (0,) * (RECORD_FIELDS - 1))
-                        deltas = [a - b for a, b in zip(end[:-1], start)]
-                        counts = deltas + [None] if any(deltas) else None
-                    if counts is not None:
-                        mine[key] = counts
-                        active.add(id(copy))
-        root = copies[id(self.ledger.root)]
-        # leave out the frames this counter never ran: children come after their parents
-        for copy in reversed(root.book):
-            if copy.parent is not None and id(copy) not in active and not copy.children:
-                del copy.parent.children[copy.name]
-        if self._end is not None:
-            self._view = root
-        return root
+    def types_and_params(self) -> tuple[tuple, tuple]:
+        """Each module's class name and parameters (``sum(p.numel() for p in
+        module.parameters())``), in ``names()`` order; kept with the ledger while the model's
+        modules stay the same."""
+        if not self._modules:
+            return ("",), (0,)
+        modules = tuple(map(id, self._modules))
+        cached = self.ledger.params
+        if cached is None or cached[0] != modules:
+            types = tuple(type(m).__name__ for m in self._modules)
+            counts = tuple(sum(p.numel() for p in m.parameters()) for m in self._modules)
+            cached = self.ledger.params = (modules, types, counts)
+        return cached[1], cached[2]
 
-    def frames(self) -> list[Frame]:
-        """Every frame, root first, parents before children."""
-        out, todo = [], [self.counted_root()]
-        while todo:
-            frame = todo.pop()
-            out.append(frame)
-            todo.extend(reversed(list(frame.children.values())))
-        return out
+    def call_counts(self) -> dict[str, int]:
+        """Forward calls of each module, over all the frames it ran in."""
+        counts: dict[str, int] = {ROOT: self.root_calls}
+        for frame in self.ledger.frames:
+            if frame.calls:
+                counts[frame.name] = counts.get(frame.name, 0) + frame.calls
+        return counts
 
-    def spans(self) -> dict[str, int]:
+    def saved(self) -> dict[tuple, int]:
+        """Bytes saved for backward by the ops run directly under each stack."""
+        return {f.stack: f.saved for f in self.ledger.frames if f.saved}
+
+    def spans(self, calls: dict[str, int]) -> dict[str, int]:
         """ns inside each module's forward calls (timing on). A module re-entered by itself
         counts once (only frames with no ancestor of the same name count); a container that
         is never called itself (ModuleList) gets the spans of the modules it holds."""
-        if self.timer is not None:
-            self.timer.resolve()
-        calls = self.call_counts()
         out: dict[str, int] = {}
-        root = self.counted_root()
+        root = self.root
         todo = [(root, frozenset())]
         while todo:
             frame, above = todo.pop()
-            if frame is not root or self.root_calls:
+            if (frame is not root and frame.calls) or (frame is root and self.root_calls):
                 if frame.name not in above:
                     out[frame.name] = out.get(frame.name, 0) + frame.span[0]
                     parent = frame.parent.name if frame.parent is not None else None
@@ -521,20 +486,3 @@ class ModuleTracker:
             inner = above | {frame.name}
             todo.extend((child, inner) for child in frame.children.values())
         return out
-
-    def call_counts(self) -> dict[str, int]:
-        """Forward calls of each module, over all the frames it ran in."""
-        counts: dict[str, int] = {ROOT: self.root_calls}
-        for frame in self.frames()[1:]:
-            counts[frame.name] = counts.get(frame.name, 0) + frame.calls
-        return counts
-
-    def credited(self, stack: tuple, calls: dict[str, int]) -> set[str]:
-        """Modules whose inclusive totals an op run under ``stack`` counts toward: every running
-        module once, plus static ancestors never called themselves (ModuleList, ModuleDict)."""
-        names = set(stack)
-        for name in stack:
-            for prefix in static_prefixes(name)[:-1]:
-                if not calls.get(prefix):
-                    names.add(prefix)
-        return names

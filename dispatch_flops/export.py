@@ -1,30 +1,32 @@
-"""Exports: JSON (and back), CSV, a pandas DataFrame and a Chrome trace.
+"""Exports of a Profile: CSV, a pandas DataFrame and a Chrome trace (JSON is the Profile's
+own: ``Profile.to_json``/``from_json``).
 
-Everything here is built from the counter's own plain data (``to_dict()``, ``records()``,
-``by_module()``) or, for the trace, from its timeline (``_trace.trace_events``); nothing is
-counted or formatted twice. ``FlopCounter.to_json``/``from_json``/``to_csv``/
-``to_dataframe``/``to_chrome_trace`` call these.
+Everything here is built from the Profile's plain data (``records()``, ``by_module()``) or,
+for the trace, from the timeline it keeps (``Profile.trace``); nothing is counted or
+formatted twice. Every file is written whole or not at all (a temporary file, then renamed).
 
 >>> with FlopCounter(model, trace=True) as fc:
 ...     model(x).sum().backward()
 >>> fc.to_json("run.json"); fc.to_csv("run.csv"); fc.to_chrome_trace("trace.json")
->>> FlopCounter.from_json("run.json").table(depth=3)
+>>> Profile.from_json("run.json").table(depth=3)
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
+import tempfile
 from collections import defaultdict
 from typing import Union
 
-from ._results import FORWARD, PHASES, ROOT, Stats
-from ._trace import BLOCK, MODULE, OP, TraceEvent, trace_events
+from ._results import COUNTS, FORWARD, PHASES, PRICED, ROOT, Stats, depth_of
+from ._trace import BLOCK, MODULE, OP, TraceEvent
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_STATS = ("calls", "flops", "macs", "bytes_read", "bytes_written", "latency_s")
+_STATS = COUNTS + ("latency_s",)
 # to_csv / to_dataframe: one row per module x phase x operator. The unprefixed counts are
 # the module's inclusive ones (its children's ops too); exclusive_* only the ops it ran
 # directly, so exclusive_* columns sum to the run's totals over all rows.
@@ -32,74 +34,71 @@ COLUMNS = (("module", "depth", "phase", "operator", "category") + _STATS
            + tuple(f"exclusive_{s}" for s in _STATS))
 
 
-# -- JSON -----------------------------------------------------------------------------------
-def write_json(counter, path: PathLike) -> None:
-    with open(path, "w") as f:
-        json.dump(counter.to_dict(), f, indent=1)
-        f.write("\n")
+def write_text(path: PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, renamed
+    over it once written (an error leaves any earlier file as it was)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dispatch_flops-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
-def read_json(path: PathLike):
-    """A ``LoadedFlopCounter`` from a file ``write_json`` wrote."""
-    from ._stored import LoadedFlopCounter
-
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{os.fspath(path)} is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{os.fspath(path)} is not a dispatch_flops run: write one with "
-                         "fc.to_json(path)")
-    return LoadedFlopCounter(data, source=os.fspath(path))
+def _profile_of(run):
+    """A Profile, or a counter's: every export takes either."""
+    to_profile = getattr(run, "to_profile", None)
+    return run if to_profile is None else to_profile()
 
 
 # -- rows: CSV and pandas -------------------------------------------------------------------
-def _depth(name: str) -> int:
-    return 0 if name == ROOT else name.count(".") + 1
-
-
-def rows(counter) -> list[dict]:
+def rows(profile) -> list[dict]:
     """One dict per module x phase x operator, keys ``COLUMNS``, in tree order."""
+    profile = _profile_of(profile)
     own: dict[tuple, Stats] = defaultdict(Stats)
     categories: dict[str, set] = defaultdict(set)
-    for r in counter.records():
+    for r in profile.records():
         own[(r.module, r.phase, r.operator)] += r.stats
         categories[r.operator].add(r.category)
     phases = [p for p in PHASES if p in {phase for _, phase, _ in own}]
     out = []
     for phase in phases:
-        for name, module in counter.by_module(phase=phase).items():
+        for name, module in profile.by_module(phase=phase).items():
             for op, stats in module.by_operator.items():
                 exclusive = own.get((name, phase, op), Stats())
-                row = {"module": name, "depth": _depth(name), "phase": phase, "operator": op,
-                       "category": "|".join(sorted(categories[op]))}
+                row = {"module": name, "depth": depth_of(name), "phase": phase,
+                       "operator": op, "category": "|".join(sorted(categories[op]))}
                 row.update({s: getattr(stats, s) for s in _STATS})
                 row.update({f"exclusive_{s}": getattr(exclusive, s) for s in _STATS})
                 out.append(row)
     return out
 
 
-def write_csv(counter, path: PathLike) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows(counter))  # None (no timing) is written as an empty cell
+def write_csv(profile, path: PathLike) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows(profile))  # None (no timing) is written as an empty cell
+    write_text(path, buffer.getvalue())
 
 
-def dataframe(counter):
+def dataframe(profile):
     try:
         import pandas as pd
     except ImportError:
         raise ImportError("to_dataframe needs pandas: pip install 'dispatch_flops[pandas]' "
                           "(or write fc.to_csv(path))") from None
-    return pd.DataFrame(rows(counter), columns=list(COLUMNS))
+    return pd.DataFrame(rows(profile), columns=list(COLUMNS))
 
 
 # -- Chrome trace ---------------------------------------------------------------------------
 _PID = 1
 _BLOCK_TID = 0
-_COUNTS = ("flops", "macs", "bytes_read", "bytes_written")
+_COUNTS = PRICED
 
 
 def _us(ns: int) -> float:
@@ -128,12 +127,16 @@ def _synthesized_modules(ops: list[TraceEvent]) -> list[TraceEvent]:
     return out
 
 
-def chrome_trace(counter) -> dict:
+def chrome_trace(profile) -> dict:
     """The run's timeline as a Trace Event Format object (``{"traceEvents": [...]}``): one
     track per phase with its module and op slices ("X" events; ts/dur in µs), and a track
     with the whole block. Forward module slices are the hooks' call spans; other phases'
     are made from runs of consecutive ops (``args.synthesized``)."""
-    events, dropped = trace_events(counter)
+    profile = _profile_of(profile)
+    if profile.trace is None:
+        raise ValueError("no timeline was kept: count with FlopCounter(model, trace=True) "
+                         "(or dispatch_flops.profile(..., trace=True))")
+    events, dropped = profile.trace
     ops = [e for e in events if e.kind == OP]
     phases = [p for p in PHASES if p == FORWARD or any(e.phase == p for e in ops)]
     tid = {phase: i + 1 for i, phase in enumerate(phases)}
@@ -146,7 +149,7 @@ def chrome_trace(counter) -> dict:
             made = _synthesized_modules([e for e in ops if e.phase == phase])
             synthesized.update(id(e) for e in made)
             tracks[tid[phase]].extend(made)
-    label = counter.root_label
+    label = profile.root_label
     out = [{"name": "process_name", "ph": "M", "pid": _PID, "tid": 0,
             "args": {"name": f"dispatch_flops: {label}"}}]
     for name, t in [("step", _BLOCK_TID)] + list(tid.items()):
@@ -191,7 +194,5 @@ def chrome_trace(counter) -> dict:
     }
 
 
-def write_chrome_trace(counter, path: PathLike) -> None:
-    trace = chrome_trace(counter)
-    with open(path, "w") as f:
-        json.dump(trace, f)
+def write_chrome_trace(profile, path: PathLike) -> None:
+    write_text(path, json.dumps(chrome_trace(profile)))

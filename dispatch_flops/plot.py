@@ -3,8 +3,8 @@
 matplotlib is an optional extra (``pip install 'dispatch_flops[plot]'``). The figures are
 made without pyplot, so nothing global is touched and nothing is shown by itself: in a
 notebook, make the figure the cell's last expression; elsewhere, ``fig.savefig("x.png")``.
-They read only a counter's finished results (a live one or ``FlopCounter.from_json``'s),
-and label numbers with the package's one formatter.
+They read a ``Profile`` (or a finished counter's, ``fc.to_profile()``; a loaded one from
+``Profile.from_json``), and label numbers with the package's one formatter.
 
 >>> from dispatch_flops import plot
 >>> plot.by_module(fc, depth=2).savefig("modules.png")
@@ -18,7 +18,8 @@ import io
 from typing import Optional
 
 from ._format import duration, human
-from ._results import PHASES, ROOT, Stats
+from ._profile import as_profile
+from ._results import PHASES, ROOT, Stats, depth_of
 from ._roofline import COMPUTE_BOUND, MEMORY_BOUND, DeviceSpec, _dtype_name
 
 METRICS = ("flops", "macs", "bytes", "latency_s")
@@ -74,15 +75,11 @@ def _value(stats: Stats, metric: str) -> float:
     return float(value or 0)
 
 
-def _depth(name: str) -> int:
-    return 0 if name == ROOT else name.count(".") + 1
-
-
 def _label(counter, name: str) -> str:
     return counter.root_label if name == ROOT else name
 
 
-def _check_depth(depth) -> None:
+def _checkdepth_of(depth) -> None:
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be an int >= 0 (0 is the root), got {depth!r}")
 
@@ -91,12 +88,12 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
     """Horizontal bars of the modules at ``depth`` (tree order): FLOPs, and latency when
     timing was on, each stacked by phase. At most ``top`` modules: the ones with the most
     FLOPs. A module's forward latency is its call spans; other phases', its ops' time."""
-    _check_depth(depth)
+    _checkdepth_of(depth)
     modules = counter.by_module()
-    names = [n for n in modules if _depth(n) == depth]
+    names = [n for n in modules if depth_of(n) == depth]
     if not names:
         raise ValueError(f"no module ran at depth {depth}; the deepest is "
-                         f"{max(map(_depth, modules), default=0)}")
+                         f"{max(map(depth_of, modules), default=0)}")
     if len(names) > top:
         keep = set(sorted(names, key=lambda n: -modules[n].flops)[:top])
         names = [n for n in names if n in keep]
@@ -130,7 +127,7 @@ def icicle(counter, depth: int = 3, *, metric: str = "flops"):
     """The module tree as an icicle: one row per depth, the root on top, each module as wide
     as its inclusive ``metric`` (one of ``METRICS``, all phases) and drawn under its
     parent. Modules wide enough carry their name and value."""
-    _check_depth(depth)
+    _checkdepth_of(depth)
     modules = counter.by_module()
     if ROOT not in modules:
         raise ValueError("nothing was counted")
@@ -189,14 +186,15 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
     cannot sit on a log scale and are left out (counted in the legend)."""
     if by not in ("operator", "module"):
         raise ValueError(f"by must be 'operator' or 'module', got {by!r}")
-    _check_depth(depth)
-    spec, dtype = counter._device(device), counter._dtype(dtype)
+    _checkdepth_of(depth)
+    counter = as_profile(counter)
+    spec, dtype = counter.device(device), dtype or counter.dtype
     peak, bandwidth = spec.peak_flops(dtype), spec.memory_bandwidth
     if by == "operator":
         entries = counter.by_operator()
     else:
         entries = {_label(counter, n): m.inclusive for n, m in counter.by_module().items()
-                   if _depth(n) == depth}
+                   if depth_of(n) == depth}
     timed = counter.timing
     points = []  # (name, intensity, flop/s, weight, bound)
     left_out = 0

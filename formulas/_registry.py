@@ -10,6 +10,12 @@ of the op's output with the same replacement (``None`` for ops that return nothi
 the in-place ``_foreach_*_`` ops). A formula is plain arithmetic: it never sees tensor values,
 devices or globals. 1 MAC = 2 flops; ``macs`` counts multiply-accumulates only.
 
+A formula is called once per distinct call signature and its result reused, so it must be a
+function of what it is given. A Python float argument may change the result only through
+whether it equals 0, 1, 2, -1 or an infinity ("is alpha 1", "is p 2"): calls whose floats
+differ otherwise share a signature (an optimizer's step size changes every step), and the
+formula sees the first such call's value.
+
 Two keyword parameters are opt-in: the engine passes them only to a formula whose signature
 names them.
 
@@ -114,8 +120,8 @@ class Registry:
         self._packets: dict[OpOverloadPacket, Entry] = {}
         self._overloads: dict[OpOverload, Entry] = {}
         self._tag_estimates: dict[torch.Tag, Entry] = {}  # in registration order
-        # for callers that cache what they derive from lookups; emptied on every change
-        self.lookup_cache: dict = {}
+        # bumped on every change: callers that cache what they derive from lookups compare it
+        self.version = 0
 
     @staticmethod
     def _normalise(ops) -> list:
@@ -130,7 +136,7 @@ class Registry:
                     f"{op} is already registered; pass override=True to replace its formula"
                 )
             table[op] = entry
-        self.lookup_cache.clear()
+        self.version += 1
 
     def formula(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
         """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula."""
@@ -157,7 +163,7 @@ class Registry:
         if tag in self._tag_estimates and not override:
             raise ValueError(f"{tag} already has an estimate; pass override=True to replace it")
         self._tag_estimates[tag] = Entry(Category.ESTIMATED, fn)
-        self.lookup_cache.clear()
+        self.version += 1
 
     def lookup(self, op: OpOverload) -> Entry:
         """The one lookup: overload override, then packet, then tag estimate, then unsupported."""

@@ -12,7 +12,52 @@ those (sigmoid, gelu, silu, a norm) costs the operations of its formula. Integer
 element operations count too: ``flops`` counts element operations, whatever the dtype.
 """
 
-ELEMENT_COSTS: dict[str, int] = {
+class CostTable(dict):
+    """A dict that counts its changes (``version``), so that whoever keeps what formulas
+    computed from it can tell when to compute again."""
+
+    version = 0
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._changed()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def setdefault(self, key, default=None):
+        value = super().setdefault(key, default)
+        self._changed()
+        return value
+
+    def pop(self, *args):
+        value = super().pop(*args)
+        self._changed()
+        return value
+
+    def popitem(self):
+        item = super().popitem()
+        self._changed()
+        return item
+
+    def clear(self):
+        super().clear()
+        self._changed()
+
+
+ELEMENT_COSTS: dict[str, int] = CostTable({
     # ---- pointwise arithmetic: one operation per output element ---------------------------
     "add": 1, "sub": 1, "rsub": 1, "mul": 1, "div": 1, "neg": 1, "abs": 1, "reciprocal": 1,
     "square": 1, "sign": 1, "sgn": 1, "fmod": 1, "remainder": 1, "copysign": 1,
@@ -262,4 +307,4 @@ ELEMENT_COSTS: dict[str, int] = {
     # SGD: param.add_(g, alpha=-lr) (2); momentum: buf * m (1) + g (1), (1 - dampening) *
     # (1) when dampening; nesterov: g + m * buf (2); weight decay: g + wd * param (2)
     "sgd_step": 2,
-}
+})

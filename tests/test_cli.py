@@ -40,7 +40,7 @@ def test_factory_from_a_file_with_exports(tmp_path):
     assert loaded.table(depth=1) in done.stdout
     assert loaded.by_phase()["backward"].flops > 0
     data = json.loads((tmp_path / "run.json").read_text())
-    assert data["schema_version"] == 1 and data["model"] == "Sequential"
+    assert data["schema_version"] == 2 and data["model"] == "Sequential"
     assert (tmp_path / "run.csv").read_text().startswith("module,depth,phase,operator")
 
 

@@ -3,6 +3,7 @@ records (see ``_tracker.Ledger``); each must still read exactly its own block. A
 counting mode, which skips torch's per-op dynamo wrapper, must stay invisible to torch.compile.
 """
 
+import copy
 import gc
 
 import pytest
@@ -10,14 +11,24 @@ import torch
 from torch import nn
 
 from dispatch_flops import FlopCounter
+from dispatch_flops._records import engine_cache
 from dispatch_flops.formulas import REGISTRY, Registry
 from helpers import TINY, tiny_gpt
 
 
-def _first(model, **kwargs) -> FlopCounter:
-    """A counter that finds no ledger: what any counter would report with no history."""
-    REGISTRY.lookup_cache.pop("ledgers", None)
-    return FlopCounter(model, **kwargs)
+class _first:
+    """A counter that finds no ledger (it counts a copy of the model, which has none): what
+    any counter would report with no history. Run the block on ``.model``."""
+
+    def __init__(self, model, **kwargs):
+        self.model = copy.deepcopy(model)
+        self.counter = FlopCounter(self.model, **kwargs)
+
+    def __enter__(self):
+        return self.counter.__enter__()
+
+    def __exit__(self, *exc):
+        return self.counter.__exit__(*exc)
 
 
 def _idx(batch=2, tokens=8):
@@ -28,8 +39,9 @@ def _assert_next_counter_reads_right(model, x):
     """The next counter on ``model`` reports a forward exactly as one with no history."""
     with FlopCounter(model) as later:
         model(x)
-    with _first(model) as check:
-        model(x)
+    first = _first(model)
+    with first as check:
+        first.model(x)
     assert later.to_dict() == check.to_dict()
 
 
@@ -43,8 +55,9 @@ def test_each_counter_reads_only_its_own_block():
     """Later counters on the same model give what a first counter gives for the same work,
     and an earlier counter's results do not move when later ones count."""
     model, idx = tiny_gpt(), _idx()
-    with _first(model) as alone:
-        step(model, idx)
+    fresh = _first(model)
+    with fresh as alone:
+        step(fresh.model, idx)
     first = []
     for _ in range(3):
         with FlopCounter(model) as fc:
@@ -74,8 +87,9 @@ def test_results_match_a_counter_with_its_own_ledger():
         model(_idx(1, 4))
     with FlopCounter(model) as shared:
         step(model, idx)
-    with _first(model) as private:
-        step(model, idx)
+    fresh = _first(model)
+    with fresh as private:
+        step(fresh.model, idx)
     assert shared.total == private.total
     assert shared.by_module() == private.by_module()
     assert shared.table() == private.table()
@@ -114,9 +128,10 @@ def test_reading_while_counting_then_after():
         during = fc.total
         step(model, idx)
     assert during.flops and fc.total.flops > during.flops
-    with _first(model) as check:
-        model(idx)
-        step(model, idx)
+    fresh = _first(model)
+    with fresh as check:
+        fresh.model(idx)
+        step(fresh.model, idx)
     assert fc.to_dict() == check.to_dict()
 
 
@@ -140,7 +155,7 @@ def test_a_block_that_raises_frees_the_ledger():
         with FlopCounter(model):
             model(idx)
             raise ValueError
-    assert not any(ledger.busy for _, ledger in REGISTRY.lookup_cache["ledgers"].values())
+    assert not any(ledger.busy for _, ledger in engine_cache(REGISTRY).ledgers.values())
     _assert_next_counter_reads_right(model, idx)
 
 
@@ -149,7 +164,7 @@ def test_ledger_goes_with_its_model_and_a_registry_change():
     model = nn.Linear(3, 3)
     with FlopCounter(model, registry=registry):
         model(torch.randn(1, 3))
-    ledgers = registry.lookup_cache["ledgers"]
+    ledgers = engine_cache(registry).ledgers
     assert len(ledgers) == 1
     del model
     gc.collect()
@@ -157,8 +172,9 @@ def test_ledger_goes_with_its_model_and_a_registry_change():
     model = nn.Linear(3, 3)
     with FlopCounter(model, registry=registry):
         model(torch.randn(1, 3))
+    assert engine_cache(registry).ledgers is ledgers
     registry.formula(torch.ops.aten.cos)(lambda a, *, out_shape: None)  # any change
-    assert "ledgers" not in registry.lookup_cache
+    assert not engine_cache(registry).ledgers  # a new cache: the formula is seen
 
 
 def test_torch_compile_never_traces_the_counter():
@@ -191,7 +207,7 @@ def test_one_counter_for_a_long_run_keeps_a_window_of_boundaries(monkeypatch):
     from dispatch_flops import _tracker
 
     model, idx = tiny_gpt(), _idx()
-    with _first(model) as one:
+    with FlopCounter(model) as one:
         step(model, idx)
     per_step = len(one._tracker.boundary_frames) - 1
     monkeypatch.setattr(_tracker, "BOUNDARY_WINDOW", per_step)

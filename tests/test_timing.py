@@ -76,7 +76,7 @@ def test_timing_keeps_no_tensor_alive():
 
 def test_profile_takes_medians_of_warm_repeats():
     """profile(): counts equal one counted call's; the block's time, and each op's time per
-    signature (where medians are taken), is the median of the repeats'."""
+    (module stack, phase, overload) is the median of the repeats'."""
     model = tiny_gpt()
     idx = torch.randint(0, TINY.vocab_size, (2, 8))
     seen = []
@@ -84,9 +84,7 @@ def test_profile_takes_medians_of_warm_repeats():
 
     def keep(self, *exc):
         original(self, *exc)
-        self.records()  # resolves the times
-        times = {(f.stack, phase, key): counts[5] for f in self._tracker.frames()
-                 for phase, acc in f.accumulators() for key, counts in acc.items()}
+        times = {(r.stack, r.phase, r.overload): r.stats.latency_s for r in self.records()}
         seen.append((self.wall_s, times))
 
     FlopCounter.__exit__ = keep
@@ -99,11 +97,10 @@ def test_profile_takes_medians_of_warm_repeats():
     assert fc.repeats == 3 and len(seen) == 3
     assert fc.total.flops == plain.total.flops and fc.total.calls == plain.total.calls
     assert fc.wall_s == sorted(wall for wall, _ in seen)[1]
-    entries = [(f.stack, phase, key, counts[5]) for f in fc._tracker.frames()
-               for phase, acc in f.accumulators() for key, counts in acc.items()]
+    entries = [(r.stack, r.phase, r.overload, r.stats.latency_s) for r in fc.records()]
     assert len(entries) == len(seen[0][1])
-    for stack, phase, key, ns in entries:
-        assert ns == sorted(run[(stack, phase, key)] for _, run in seen)[1]
+    for stack, phase, key, latency in entries:
+        assert latency == sorted(run[(stack, phase, key)] for _, run in seen)[1]
 
 
 @pytest.mark.parametrize("bad", [{"repeat": 0}, {"warmup": -1}, {"repeat": 1.5}, {"timing": False}])

@@ -1,0 +1,134 @@
+"""What it costs to count, and read, every training step: a logger's view.
+
+Two tiny transformers models built from config (GPT-2 and Llama: 4 layers, width 64, batch
+2 x 16 tokens), one training step each (forward + backward + AdamW), on one thread. Variants,
+interleaved round by round in this one process:
+
+- eager: the step alone;
+- do-nothing mode: the step under a ``TorchDispatchMode`` that only runs each op;
+- counted: the step under a fresh ``FlopCounter(model)`` each step;
+- counted + read: the same, then ``fc.total`` and ``fc.by_module()`` read after each step,
+  as a logger would.
+
+Each round gives every variant's added time against the eager step of the same round
+(paired, so slow drifts of this shared machine cancel); figures are medians over rounds.
+Target: counted + read adds <= 1.3x what the do-nothing mode adds.
+
+    python benchmarks/always_on.py [--rounds 20] [--iters 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import statistics
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dispatch_flops import FlopCounter
+
+TARGET = 1.3
+
+
+class DoNothing(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def models():
+    """{name: model} of the two tiny transformers models, built from config (no weights)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=256,
+                                      n_positions=32))
+    llama = LlamaForCausalLM(LlamaConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+                                         num_key_value_heads=4, intermediate_size=128,
+                                         vocab_size=256, max_position_embeddings=32))
+    return {"GPT-2": gpt2, "Llama": llama}
+
+
+def training_step(model):
+    """One forward + backward + AdamW step on batch 2 x 16, as a closure."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 256, (2, 16))
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def run(name: str, model, rounds: int, iters: int) -> float:
+    model.train()
+    step = training_step(model)
+    sink = []
+
+    def counted():
+        with FlopCounter(model):
+            step()
+
+    def counted_read():
+        with FlopCounter(model) as fc:
+            step()
+        sink.append((fc.total.flops, len(fc.by_module())))
+        sink.clear()
+
+    def under(mode):
+        def go():
+            with mode():
+                step()
+        return go
+
+    variants = {"eager": step, "do-nothing mode": under(DoNothing), "counted": counted,
+                "counted + read": counted_read}
+    for go in variants.values():  # warm-up: first-call set-up, optimizer state
+        for _ in range(2):
+            go()
+    with FlopCounter(model) as probe:
+        step()
+    ops = probe.total.calls
+    times = {v: [] for v in variants}
+    names = list(variants)
+    for round_ in range(rounds):
+        for v in names[round_ % len(names):] + names[: round_ % len(names)]:
+            gc.collect()
+            start = time.perf_counter()
+            for _ in range(iters):
+                variants[v]()
+            times[v].append((time.perf_counter() - start) / iters)
+    added = {v: statistics.median(t - e for t, e in zip(times[v], times["eager"]))
+             for v in variants}
+    eager = statistics.median(times["eager"])
+    print(f"{name}: {ops} aten ops per step, eager step {eager * 1e3:.2f} ms "
+          f"({rounds} rounds x {iters} steps)")
+    base = added["do-nothing mode"]
+    for v in ("do-nothing mode", "counted", "counted + read"):
+        print(f"  {v:>16}: added {added[v] * 1e3:6.2f} ms/step "
+              f"({added[v] / ops * 1e6:5.2f} us/op), {added[v] / base:.2f}x the do-nothing mode")
+    return added["counted + read"] / base
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    worst = 0.0
+    for name, model in models().items():
+        worst = max(worst, run(name, model, args.rounds, args.iters))
+    verdict = "met" if worst <= TARGET else "NOT met"
+    print(f"target: counted + read <= {TARGET}x the do-nothing mode: {verdict} "
+          f"(worst {worst:.2f}x)")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

@@ -1,0 +1,61 @@
+"""``profile``: warm up, repeat, and keep the median time of every op and module.
+
+Timing one cold call is misleading (first-call allocations, lazy initialisation, caches), so
+``profile`` runs the warm-ups outside the counter, counts and times ``repeat`` calls with a
+fresh counter each, and returns one Profile whose counts are those of every repeat (they
+are equal) and whose latencies are medians over the repeats.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from torch import nn
+
+from ._profile import Profile
+from ._results import check_int
+from .counter import FlopCounter
+
+
+def profile(
+    model: Optional[nn.Module],
+    args: tuple = (),
+    kwargs: Optional[dict] = None,
+    *,
+    warmup: int = 1,
+    repeat: int = 5,
+    fn: Optional[Callable] = None,
+    progress: Optional[Callable[[str, int, int], None]] = None,
+    **options,
+) -> Profile:
+    """Count and time ``fn(*args, **kwargs)`` (``fn`` defaults to ``model``): ``warmup`` calls
+    outside the counter, then ``repeat`` timed ones; latencies in the result are medians.
+
+    >>> fc = profile(model, (x,), warmup=2, repeat=10)
+    >>> fc.by_module()["layers.0"].latency_s, fc.mfu(device)
+    ``fn`` may run a whole training step (``fn=lambda x: model(x).sum().backward()``);
+    ``options`` go to ``FlopCounter`` (``attention=...``, ``trace=True``: the timeline is the
+    first timed run's). ``progress(stage, done, total)``, when given, is called after every
+    warm-up (stage "warm-up") and timed run ("timed run").
+    """
+    check_int("warmup", warmup, 0)
+    check_int("repeat", repeat, 1)
+    if "timing" in options:
+        raise ValueError("profile always times; use FlopCounter(...) to count without timing")
+    call = fn if fn is not None else model
+    if not callable(call):
+        raise ValueError("profile needs a callable: pass a model, or fn=... with model=None")
+    kwargs = kwargs or {}
+    for done in range(1, warmup + 1):
+        call(*args, **kwargs)
+        if progress is not None:
+            progress("warm-up", done, warmup)
+    runs = []
+    for done in range(1, repeat + 1):
+        with FlopCounter(model, timing=True, **options) as fc:
+            call(*args, **kwargs)
+        runs.append(fc.to_profile())
+        if progress is not None:
+            progress("timed run", done, repeat)
+    return runs[0].with_medians(runs)
+
