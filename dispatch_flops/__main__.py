@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from . import FlopCounter, profile
+from . import FlopCounter, get_model_profile, profile
 from .counter import ATTENTION_MODES
 from .models import GPT, GPTConfig
 
@@ -226,13 +226,6 @@ def main(argv=None) -> None:
     if args.timing and device.type == "meta":
         parser.error("--timing / --trace need a real device: meta tensors hold no data and "
                      "take no time")
-    deepspeed_report = None
-    if args.deepspeed:
-        try:
-            from . import get_model_profile as deepspeed_report  # issue 5's printer
-        except ImportError:
-            parser.error("--deepspeed needs dispatch_flops.get_model_profile (the "
-                         "DeepSpeed-style report), which this build does not have yet")
     torch.manual_seed(0)
     if args.model is None:
         model, inputs, label, step = _demo(parser, args, device)
@@ -259,9 +252,9 @@ def main(argv=None) -> None:
         if path:
             write(path)
             print(f"wrote {path}", file=sys.stderr)
-    if deepspeed_report is not None:
+    if args.deepspeed:
         print()
-        deepspeed_report(model, args=list(inputs), print_profile=True, detailed=True,
+        get_model_profile(model, args=list(inputs), print_profile=True, detailed=True,
                          module_depth=args.depth, warm_up=args.warmup)
 
 

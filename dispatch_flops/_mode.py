@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registry
 
+from ._skip import SKIP_FRAMES as _SKIP_FRAMES
 from ._records import CALLS, NS, PRICED, SIGNATURE, SUMS, Signature, engine_cache
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from ._tracker import RECOMPUTE_I, phase_of
@@ -92,10 +93,12 @@ def _key(v):
     if isinstance(v, Tensor):
         return _tensor_key(v)
     if v.__class__ is list or v.__class__ is tuple:
-        return tuple([_tensor_key(x) if isinstance(x, Tensor) else x for x in v])
-    if v.__class__ is float and v not in _TOLD_APART:
-        return _FLOAT
-    return v
+        return tuple([_tensor_key(x) if isinstance(x, Tensor) else _scalar_key(x) for x in v])
+    return _scalar_key(v)
+
+
+def _scalar_key(v):
+    return _FLOAT if v.__class__ is float and v not in _TOLD_APART else v
 
 
 def _shape(v):
@@ -203,22 +206,6 @@ class _Resolved:
         return self.formula(*args, out_shape=out_shape, **kwargs)
 
 
-def _frame_skipper():
-    """Where this torch has it, the C-level switch that makes TorchDynamo leave a code object's
-    frames, and every frame they call, to run as they are; None where it has not."""
-    try:
-        from torch._C._dynamo.eval_frame import (
-            _FrameAction,
-            _FrameExecStrategy,
-            set_code_exec_strategy,
-        )
-    except ImportError:
-        return None
-    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-    return lambda code: set_code_exec_strategy(code, skip)
-
-
-_SKIP_FRAMES = _frame_skipper()
 
 
 class CountingMode(TorchDispatchMode):

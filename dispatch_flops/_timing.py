@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._skip import SKIP_FRAMES
+
 
 class _Nothing(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -29,9 +31,8 @@ def warm_dispatch() -> None:
     ``torch._dynamo`` (about a second on a CPU). Pay that once, before any clock starts, not
     inside the first op's and module's latency."""
     global _dispatch_warm
-    from ._mode import CountingMode
 
-    if not _dispatch_warm and CountingMode._should_skip_dynamo():
+    if not _dispatch_warm and SKIP_FRAMES is None:  # CountingMode._should_skip_dynamo
         with _Nothing():
             torch.empty(0)
     _dispatch_warm = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from operator import itemgetter
 from typing import Optional
 
 import torch
@@ -30,8 +31,10 @@ from torch.optim.optimizer import (
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ._records import CALLS, NS, SUMS
+from ._timing import Timer
 from ._results import BACKWARD, FORWARD, OPTIMIZER, PHASES, RECOMPUTE, ROOT, static_prefixes
 
+_ns = itemgetter(NS)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 # module boundaries kept for attributing backward ops (see _forget_oldest_boundaries)
 BOUNDARY_WINDOW = 100_000
@@ -148,16 +151,32 @@ class Ledger:
 
     def reset(self) -> None:
         """Every count back to zero, frames and records kept (their layout stays valid)."""
-        for rec in self.records:
+        records = self.records
+        for rec in records:
             rec[CALLS] = 0
-            rec[NS] = 0
-            sums = rec[SUMS]
+        if any(map(_ns, records)):
+            for rec in records:
+                rec[NS] = 0
+        layout = self.layout
+        for i in layout.summed if layout is not None and layout.n == len(records) \
+                else range(len(records)):
+            sums = records[i][SUMS]
             if sums is not None:
                 sums[:] = [0] * len(sums)
         for frame in self.frames:
             frame.calls = 0
             frame.span[0] = 0
             frame.saved = 0
+
+
+def ledger_for(ledgers: dict, model: Optional[nn.Module], options, timer) -> Optional[Ledger]:
+    """The sharing policy: a counter counts into its model's ledger (``shared_ledger``) unless
+    it has no model (nothing to keep the ledger with) or times land in its records after the
+    block (CUDA events resolved later, or a trace pointing at the records); None means a
+    private ledger."""
+    if model is None or not (timer is None or (type(timer) is Timer and not timer.cuda)):
+        return None
+    return shared_ledger(ledgers, model, options)
 
 
 def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:

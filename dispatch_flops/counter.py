@@ -22,7 +22,7 @@ from ._records import Captured, engine_cache
 from ._results import ROOT
 from ._timing import Timer
 from ._trace import TracingTimer, trace_events
-from ._tracker import ModuleTracker, shared_ledger
+from ._tracker import ModuleTracker, ledger_for
 
 ATTENTION_MODES = ("dense", "causal")
 
@@ -90,13 +90,7 @@ class FlopCounter:
         runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
         causal = self.attention == "causal"
         mode = CountingMode(self.registry, causal, runner)
-        # frames and records are kept for the next counter on the same model (without a model
-        # there is nothing to keep them with), unless times land in them after the block:
-        # CUDA events resolved later, or a trace pointing at them
-        shared = self.model is not None and (
-            timer is None or (type(timer) is Timer and not timer.cuda))
-        ledger = shared_ledger(engine_cache(self.registry).ledgers, self.model, causal) \
-            if shared else None
+        ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, causal, timer)
         try:
             tracker = ModuleTracker(self.model, mode, timer, ledger)
             mode.bind(tracker)

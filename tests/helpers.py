@@ -28,10 +28,15 @@ def macs_of(fc, *operators):
 TINY = GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)
 
 
-def tiny_gpt():
-    """The built-in GPT at TINY's shapes, seeded."""
+def tiny_gpt(config: GPTConfig = TINY):
+    """The built-in GPT at TINY's shapes (or ``config``'s), seeded: every test's tiny GPT."""
     torch.manual_seed(0)
-    return GPT(TINY)
+    return GPT(config)
+
+
+def tiny_ids(batch: int = 2, tokens: int = 8, config: GPTConfig = TINY):
+    """Token ids for the tiny GPT."""
+    return torch.randint(0, config.vocab_size, (batch, tokens))
 
 
 def step(model, idx):

@@ -23,6 +23,7 @@ from dispatch_flops import (
     get_model_profile,
     human,
 )
+import helpers
 from dispatch_flops._format import duration
 from dispatch_flops.models import GPT, MLP, GPTConfig
 
@@ -30,8 +31,8 @@ TINY = GPTConfig(n_layer=2, d_model=32, n_head=2, vocab_size=64, max_seq_len=16)
 
 
 def tiny_gpt():
-    torch.manual_seed(0)
-    return GPT(TINY), torch.randint(0, TINY.vocab_size, (2, 8))
+    model = helpers.tiny_gpt(TINY)
+    return model, helpers.tiny_ids(config=TINY)
 
 
 def hook_state(model):

@@ -13,17 +13,13 @@ from dispatch_flops import ROOT, FlopCounter, Profile, Stats, profile
 from dispatch_flops import _trace
 from dispatch_flops._results import PHASES
 from dispatch_flops.export import COLUMNS, rows
-from helpers import TINY, step, tiny_gpt
-
-
-def ids(batch=2, seq=8):
-    return torch.randint(0, TINY.vocab_size, (batch, seq))
+from helpers import TINY, step, tiny_gpt, tiny_ids
 
 
 def gpt_run(**options):
     model = tiny_gpt()
     with FlopCounter(model, **options) as fc:
-        step(model, ids())
+        step(model, tiny_ids())
     return fc
 
 
@@ -94,7 +90,7 @@ def test_json_schema(tmp_path):
     """The file is plain JSON with schema_version 2 and the fields docs/schema.md lists."""
     model = tiny_gpt()
     with FlopCounter(model) as fc:
-        step(model, ids())
+        step(model, tiny_ids())
     fc.to_json(tmp_path / "run.json")
     data = json.loads((tmp_path / "run.json").read_text())
     assert data["schema_version"] == 2
@@ -244,7 +240,7 @@ def traced_step(tmp_path):
     checked against the Trace Event Format: (counter, trace, its slices)."""
     model = tiny_gpt()
     with FlopCounter(model, trace=True) as fc:
-        step(model, ids())
+        step(model, tiny_ids())
     fc.to_chrome_trace(tmp_path / "trace.json")
     trace = load_trace(tmp_path / "trace.json")
     return fc, trace, check_trace_event_format(trace)
@@ -286,7 +282,7 @@ def test_trace_op_slices_sit_inside_their_module():
 
     model = tiny_gpt()
     with FlopCounter(model, trace=True) as fc:
-        step(model, ids())
+        step(model, tiny_ids())
     slices = [e for e in chrome_trace(fc)["traceEvents"] if e["ph"] == "X"]
     forward_tid = min(e["tid"] for e in slices if e["cat"] == "op")
     spans = {}
@@ -317,7 +313,7 @@ def test_trace_needs_the_flag(tmp_path):
     with FlopCounter(model, trace=True) as fc:
         with pytest.raises(ValueError, match="after the with block"):
             fc.to_chrome_trace(tmp_path / "trace.json")
-        step(model, ids())
+        step(model, tiny_ids())
 
 
 def test_trace_past_its_limit_drops_and_says_so(tmp_path, monkeypatch):
@@ -331,7 +327,7 @@ def test_trace_past_its_limit_drops_and_says_so(tmp_path, monkeypatch):
 
 def test_profile_keeps_the_first_timed_run_as_trace(tmp_path):
     model = tiny_gpt()
-    idx = ids()
+    idx = tiny_ids()
     fc = profile(model, (idx,), warmup=0, repeat=2, fn=lambda i: step(model, i), trace=True)
     fc.to_chrome_trace(tmp_path / "trace.json")
     slices = check_trace_event_format(load_trace(tmp_path / "trace.json"))

@@ -13,7 +13,7 @@ from torch import nn
 from dispatch_flops import FlopCounter
 from dispatch_flops._records import engine_cache
 from dispatch_flops.formulas import REGISTRY, Registry
-from helpers import TINY, tiny_gpt
+from helpers import tiny_gpt, tiny_ids
 
 
 class _first:
@@ -29,10 +29,6 @@ class _first:
 
     def __exit__(self, *exc):
         return self.counter.__exit__(*exc)
-
-
-def _idx(batch=2, tokens=8):
-    return torch.randint(0, TINY.vocab_size, (batch, tokens))
 
 
 def _assert_next_counter_reads_right(model, x):
@@ -54,7 +50,7 @@ def step(model, idx):
 def test_each_counter_reads_only_its_own_block():
     """Later counters on the same model give what a first counter gives for the same work,
     and an earlier counter's results do not move when later ones count."""
-    model, idx = tiny_gpt(), _idx()
+    model, idx = tiny_gpt(), tiny_ids()
     fresh = _first(model)
     with fresh as alone:
         step(fresh.model, idx)
@@ -81,10 +77,10 @@ def test_each_counter_reads_only_its_own_block():
 
 def test_results_match_a_counter_with_its_own_ledger():
     """The shared ledger changes nothing a report shows: same figures as a private one."""
-    model, idx = tiny_gpt(), _idx()
+    model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model):  # the ledger now has history, other shapes among it
         step(model, idx)
-        model(_idx(1, 4))
+        model(tiny_ids(1, 4))
     with FlopCounter(model) as shared:
         step(model, idx)
     fresh = _first(model)
@@ -120,7 +116,7 @@ def test_modules_run_only_before_are_not_reported():
 
 
 def test_reading_while_counting_then_after():
-    model, idx = tiny_gpt(), _idx()
+    model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model):
         step(model, idx)
     with FlopCounter(model) as fc:
@@ -137,7 +133,7 @@ def test_reading_while_counting_then_after():
 
 def test_nested_counters_on_one_model_count_apart():
     """Both count every op of the inner block: the inner one cannot share the outer's ledger."""
-    model, idx = tiny_gpt(), _idx()
+    model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model) as outer:
         model(idx)
         with FlopCounter(model) as inner:
@@ -150,7 +146,7 @@ def test_nested_counters_on_one_model_count_apart():
 
 
 def test_a_block_that_raises_frees_the_ledger():
-    model, idx = tiny_gpt(), _idx()
+    model, idx = tiny_gpt(), tiny_ids()
     with pytest.raises(ValueError):
         with FlopCounter(model):
             model(idx)
@@ -206,7 +202,7 @@ def test_one_counter_for_a_long_run_keeps_a_window_of_boundaries(monkeypatch):
     nothing."""
     from dispatch_flops import _tracker
 
-    model, idx = tiny_gpt(), _idx()
+    model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model) as one:
         step(model, idx)
     per_step = len(one._tracker.boundary_frames) - 1
@@ -269,7 +265,7 @@ def test_counters_left_out_of_order_leave_later_counters_right():
 def test_timed_counters_share_the_ledger_and_time_only_their_block():
     """CPU timing lands in the ledger as it runs, so timed counters share it too; each one's
     op and module times come from its own block: never more than its wall time."""
-    model, idx = tiny_gpt(), _idx()
+    model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model, timing=True) as long:
         for _ in range(3):
             step(model, idx)

@@ -7,19 +7,16 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
 from dispatch_flops import DeviceSpec, FlopCounter, plot  # noqa: E402
-from dispatch_flops.models import GPT, GPTConfig  # noqa: E402
+from helpers import step, tiny_gpt, tiny_ids  # noqa: E402
 
-TINY = GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)
 CPU = DeviceSpec.cpu(peak_flops=1e11, memory_bandwidth=2e10)
 
 
 @pytest.fixture(scope="module", params=["untimed", "timed"])
 def counter(request):
-    torch.manual_seed(0)
-    model = GPT(TINY)
-    idx = torch.randint(0, TINY.vocab_size, (2, 8))
+    model = tiny_gpt()
     with FlopCounter(model, timing=request.param == "timed") as fc:
-        model(idx).sum().backward()
+        step(model, tiny_ids())
     return fc
 
 

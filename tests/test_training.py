@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from dispatch_flops import ROOT, FlopCounter
 from dispatch_flops.models import GPT, GPTConfig, Llama, LlamaConfig
+from helpers import step, tiny_gpt, tiny_ids
 
 
 def stacked_linears(widths):
@@ -171,15 +172,12 @@ def test_shape_only_counting_on_meta_equals_real_counts():
 
 def test_shape_only_counting_under_fake_tensor_mode():
     with FakeTensorMode():
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16))
-        idx = torch.randint(0, 64, (2, 8))
+        model = tiny_gpt()
         with FlopCounter(model) as fake:
-            model(idx).sum().backward()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16))
+            step(model, tiny_ids())
+    model = tiny_gpt()
     with FlopCounter(model) as real:
-        model(torch.randint(0, 64, (2, 8))).sum().backward()
+        step(model, tiny_ids())
     assert fake.by_phase()["forward"].macs == real.by_phase()["forward"].macs
     assert fake.by_module()["lm_head"].macs == real.by_module()["lm_head"].macs
 
