@@ -17,14 +17,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registry
 
 from ._skip import SKIP_FRAMES as _SKIP_FRAMES
-from ._records import CALLS, NS, PRICED, SIGNATURE, SUMS, Signature, engine_cache
+from dispatch_flops.formulas import SparseInfo
+
+from ._records import CALLS, NS, SIGNATURE, Signature, engine_cache
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from ._tracker import RECOMPUTE_I, phase_of
 from ._tracker import top_saved_tensors_hooks as _top_saved_tensors_hooks
 
-# the hot path builds records as literals, [0, 0, signature, sums], and indexes them with
-# literals (a global's load per op is measurable): in the order named here
-assert (CALLS, NS, SIGNATURE, SUMS) == (0, 1, 2, 3)
+# the hot path builds records as literals, [0, 0, signature], and indexes them with literals
+# (a global's load per op is measurable): in the order named here
+assert (CALLS, NS, SIGNATURE) == (0, 1, 2)
 _BACKWARD_I = phase_of(node=True, recompute=False, optimizer=False)
 _REENTRANT_I = phase_of(node=True, recompute=True, optimizer=False)
 
@@ -118,12 +120,15 @@ def _dtype(v):
     return None
 
 
-def formula_call(args, kwargs, out, with_dtypes: bool) -> tuple:
+def formula_call(args, kwargs, out, resolved) -> tuple:
     """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``);
-    ``dtypes`` (one per argument) joins the kwargs of formulas that declare it."""
+    ``dtypes`` and ``layouts`` (one per argument) join the kwargs of formulas that declare
+    them (every layout dense here: see ``_exotic_call`` for the others)."""
     kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
-    if with_dtypes:
+    if resolved.with_dtypes:
         kw["dtypes"] = [_dtype(a) for a in args]
+    if resolved.with_layouts:
+        kw["layouts"] = [None] * len(args)
     return [_shape(a) for a in args], _shape(out), kw
 
 
@@ -149,10 +154,132 @@ def moved_bytes(resolved, args, kwargs, out) -> tuple[int, int]:
 
 def _work_out(resolved, args, kwargs, out) -> Signature:
     """The ``Signature`` of one call: the formula's arguments (None without a formula) and
-    the bytes it reads and writes."""
-    call = formula_call(args, kwargs, out, resolved.with_dtypes) if resolved.kind == FORMULA \
-        else None
+    the bytes it reads and writes. ``_Exotic`` for a nested tensor among the arguments (its
+    shape hashes, but no formula can price it)."""
+    for a in args:
+        if isinstance(a, Tensor) and a.is_nested:
+            raise _EXOTIC
+    call = formula_call(args, kwargs, out, resolved) if resolved.kind == FORMULA else None
     return Signature(call, *moved_bytes(resolved, args, kwargs, out))
+
+
+# -- the slow path: tensors the hot path cannot key ------------------------------------------
+class _Exotic(Exception):
+    """A call with a sparse, nested or symbolically sized tensor: see ``_exotic_call``."""
+
+
+_EXOTIC = _Exotic()
+
+
+class _Unpriced(Exception):
+    """A call no formula can price: nested tensors, symbolic sizes without a size hint, a
+    sparse argument to a formula that does not take ``layouts``."""
+
+
+_SPARSE_LAYOUTS = {torch.sparse_coo: "sparse_coo", torch.sparse_csr: "sparse_csr",
+                   torch.sparse_csc: "sparse_csc", torch.sparse_bsr: "sparse_bsr",
+                   torch.sparse_bsc: "sparse_bsc"}
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _hint(v):
+    """A size or scalar as a plain number: a symbolic one (fake tensors under a ShapeEnv,
+    dynamic shapes at compile time) by its hint; ``_Unpriced`` for one without a hint
+    (unbacked)."""
+    if isinstance(v, _SYMBOLIC):
+        node = v.node
+        if not node.has_hint():
+            raise _Unpriced
+        return node.hint
+    return v
+
+
+def _sparse_parts(t: Tensor) -> tuple:
+    """(values, index tensors) of a sparse tensor: what it really stores."""
+    if t.layout is torch.sparse_coo:
+        return t._values(), (t._indices(),)
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return t.values(), (t.crow_indices(), t.col_indices())
+    return t.values(), (t.ccol_indices(), t.row_indices())
+
+
+def _described(t: Tensor) -> tuple:
+    """``(key, shape, bytes, SparseInfo or None)`` of a tensor the hot path cannot key: a
+    sparse one (keyed and priced by what it stores: values and indices) or one with symbolic
+    sizes (by their hints). ``_Unpriced`` for a nested tensor."""
+    if t.is_nested:
+        raise _Unpriced
+    shape = torch.Size([_hint(s) for s in t.shape])
+    layout = _SPARSE_LAYOUTS.get(t.layout)
+    if layout is None:
+        strides = tuple(_hint(s) for s in t.stride())
+        elements = 1
+        for size, stride in zip(shape, strides):
+            if stride or not size:
+                elements *= size
+        return (shape, t.dtype, strides), shape, elements * t.element_size(), None
+    values, indices = _sparse_parts(t)
+    stored = values.numel()
+    nbytes = values.nbytes + sum(i.nbytes for i in indices)
+    return (shape, t.dtype, layout, stored), shape, nbytes, SparseInfo(layout, stored)
+
+
+def _loose_bytes(v) -> int:
+    """Bytes of what ``v`` really holds, as well as they can be told (0 where not)."""
+    if isinstance(v, Tensor):
+        try:
+            return _described(v)[2]
+        except (_Unpriced, RuntimeError):
+            pass
+        try:
+            return v.values().nbytes + (v.offsets().nbytes if v.layout is torch.jagged else 0)
+        except (RuntimeError, AttributeError, TypeError):
+            return 0
+    if v.__class__ is list or v.__class__ is tuple:
+        return sum(_loose_bytes(x) for x in v)
+    return 0
+
+
+def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
+    """``(signature key, Signature)`` of a call with sparse or symbolically sized tensors:
+    tensors described by ``_described`` (sparse ones pass a ``SparseInfo`` per argument to a
+    formula that takes ``layouts``). ``_Unpriced`` when no formula can price it."""
+
+    def part(v):  # (key, formula's view, bytes, sparse info)
+        if isinstance(v, Tensor):
+            return _described(v)
+        if v.__class__ is list or v.__class__ is tuple:
+            parts = [part(x) for x in v]
+            return (tuple(p[0] for p in parts), [p[1] for p in parts],
+                    sum(p[2] for p in parts), None)
+        v = _hint(v)
+        return _scalar_key(v), v, 0, None
+
+    a = [part(x) for x in args]
+    kw = {k: part(v) for k, v in kwargs.items()} if kwargs else {}
+    o = part(out)
+    if resolved.kind == FORMULA and not resolved.with_layouts and (
+            any(p[3] for p in a) or any(p[3] for p in kw.values()) or o[3]):
+        raise _Unpriced  # its formula would price the dense shapes
+    read = 0
+    if resolved.kind != WRITE:
+        read = sum(p[2] for p in a) + sum(p[2] for k, p in kw.items()
+                                           if k not in resolved.write_only)
+    written = o[2]
+    if out is None and resolved.mutated:
+        written = sum(a[i][2] for i in resolved.mutated if i < len(a))
+    call = None
+    if resolved.kind == FORMULA:
+        formula_kw = {k: p[1] for k, p in kw.items()}
+        if resolved.with_dtypes:
+            formula_kw["dtypes"] = [_dtype(x) for x in args]
+        if resolved.with_layouts:
+            formula_kw["layouts"] = [p[3] for p in a]
+        call = ([p[1] for p in a], o[1], formula_kw)
+    sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
+    return sig, Signature(call, read, written)
 
 
 _SIGNATURES_CAP = 100_000
@@ -172,10 +299,10 @@ def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> Signat
 
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
-                 "write_only", "mutated", "out_in_signature")
+                 "with_layouts", "write_only", "mutated", "out_in_signature")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
-                 out_in_signature):
+                 out_in_signature, with_layouts=False):
         self.func = func
         # what runs the op: the overload's C++ entry when calling the overload would only
         # forward to it (``OpOverload.__call__`` is one Python frame around ``_op``)
@@ -185,6 +312,7 @@ class _Resolved:
         self.view = kind == VIEW
         self.formula = formula
         self.with_dtypes = with_dtypes  # the formula declares ``dtypes``
+        self.with_layouts = with_layouts  # the formula declares ``layouts`` (prices sparse)
         self.write_only = write_only
         # positions of the arguments an op that returns nothing writes (``_foreach_add_``,
         # ``_fused_adamw_``): what it writes is what it mutates
@@ -195,6 +323,11 @@ class _Resolved:
         # the output's shape is not a function of the inputs' (nonzero, masked_select), or
         # the op is the user's and we cannot know: then it is part of the signature
         self.out_in_signature = out_in_signature
+
+    def unpriced(self) -> "_Resolved":
+        """The same op, for calls no formula can price: unsupported (bytes counted)."""
+        return _Resolved(self.func, Category.UNSUPPORTED, UNKNOWN, None, False,
+                         self.write_only, self.out_in_signature)
 
     def price(self, call) -> Cost:
         """The formula's ``Cost`` of one call (``call``: ``(args, out_shape, kwargs)`` as the
@@ -262,13 +395,14 @@ class CountingMode(TorchDispatchMode):
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
         formula = entry.formula
-        with_dtypes = False
+        with_dtypes = with_layouts = False
         if entry.category is Category.FORMULA or entry.category is Category.ESTIMATED:
             kind = FORMULA
             parameters = inspect.signature(formula).parameters
             if "causal_unmasked_only" in parameters:
                 formula = partial(formula, causal_unmasked_only=self.causal_unmasked_only)
             with_dtypes = "dtypes" in parameters
+            with_layouts = "layouts" in parameters
         elif entry.category is Category.NO_ARITHMETIC:
             kind = _MOVEMENT_KIND[entry.movement]
         else:
@@ -282,14 +416,32 @@ class CountingMode(TorchDispatchMode):
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
         resolved = self.resolved[id(func)] = _Resolved(
-            func, entry.category, kind, formula, with_dtypes, write_only, out_in_signature
-        )
+            func, entry.category, kind, formula, with_dtypes, write_only, out_in_signature,
+            with_layouts)
         return resolved
+
+    def _exotic_record(self, key: int, resolved: _Resolved, acc: dict, args, kwargs, out):
+        """The record of a call the hot path cannot key (see ``_exotic_call``); a call no
+        formula can price goes to the op's unsupported twin (keyed ``-key``), its bytes
+        counted as well as they can be."""
+        try:
+            sig, signature = _exotic_call(resolved, key, args, kwargs, out)
+        except _Unpriced:
+            if -key not in self.resolved:
+                self.resolved[-key] = resolved.unpriced()
+            read = _loose_bytes(list(args) + list((kwargs or {}).values()))
+            written = _loose_bytes(out)
+            sig, signature = (-key, _EXOTIC, read, written), Signature(None, read, written)
+        rec = acc.get(sig)
+        if rec is None:
+            rec = acc[sig] = [0, 0, signature]
+            self._book.append(rec)
+        return rec
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
-        # case) and keep only ints. Records are [calls, ns, signature, sums] (see _records):
-        # calls and times counted here, flops and bytes by the signature when it is read.
+        # case) and keep only ints. Records are [calls, ns, signature] (see _records): calls
+        # and times counted here, flops and bytes by the signature when it is read.
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
@@ -324,50 +476,47 @@ class CountingMode(TorchDispatchMode):
         if resolved.view:  # no arithmetic, no bytes: count the call
             rec = acc.get(key)
             if rec is None:
-                rec = acc[key] = [0, 0, None, None]
+                rec = acc[key] = [0, 0, None]
                 self._book.append(rec)
         else:
             # An op's flops and bytes are functions of its signature: the op and its arguments
             # as shapes and dtypes, plus strides where the tensor is not contiguous (an
             # expanded one reads fewer bytes than its shape says). Count calls per signature
             # here; each distinct one is worked out once (``_call_entry``) and priced when
-            # results are read.
-            sig = [key]
-            for a in args:
-                if isinstance(a, Tensor):
-                    sig.append(a.shape)
-                    sig.append(a.dtype)
-                    if not a.is_contiguous():
-                        sig.append(_STRIDED)
-                        sig.append(a.stride())
-                elif a.__class__ is list or a.__class__ is tuple:
-                    sig.append(_key(a))
-                elif a.__class__ is float and a not in _TOLD_APART:
-                    sig.append(_FLOAT)
-                else:
-                    sig.append(a)
-            if kwargs:
-                sig.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
-            if resolved.out_in_signature:
-                sig.append(_key(out))
-            elif isinstance(out, Tensor):  # a scalar's type or the default dtype can set it
-                sig.append(out.dtype)
-            sig = tuple(sig)
+            # results are read. Sparse, nested and symbolically sized tensors take the slow
+            # path (sparse COO is the one that would key like a dense tensor: checked here;
+            # the others raise on the way).
             try:
+                sig = [key]
+                for a in args:
+                    if isinstance(a, Tensor):
+                        if a.is_sparse:
+                            raise _EXOTIC
+                        sig.append(a.shape)
+                        sig.append(a.dtype)
+                        if not a.is_contiguous():
+                            sig.append(_STRIDED)
+                            sig.append(a.stride())
+                    elif a.__class__ is list or a.__class__ is tuple:
+                        sig.append(_key(a))
+                    elif a.__class__ is float and a not in _TOLD_APART:
+                        sig.append(_FLOAT)
+                    else:
+                        sig.append(a)
+                if kwargs:
+                    sig.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
+                if resolved.out_in_signature:
+                    sig.append(_key(out))
+                elif isinstance(out, Tensor):  # a scalar's type or the default dtype sets it
+                    sig.append(out.dtype)
+                sig = tuple(sig)
                 rec = acc.get(sig)
                 if rec is None:  # the record keeps its signature, worked out once
                     rec = acc[sig] = [0, 0, _call_entry(self._shared, sig, resolved, args,
-                                                        kwargs, out), None]
+                                                        kwargs, out)]
                     self._book.append(rec)
-            except TypeError:  # unhashable (symbolic) sizes: price it now, under the op key
-                rec = acc.get(key)
-                if rec is None:
-                    rec = acc[key] = [0, 0, None, [0] * len(PRICED)]
-                    self._book.append(rec)
-                signature = _work_out(resolved, args, kwargs, out)
-                sums = rec[3]  # SUMS
-                for i, value in enumerate(signature.unit(resolved)):
-                    sums[i] += value
+            except (_Exotic, RuntimeError, TypeError):
+                rec = self._exotic_record(key, resolved, acc, args, kwargs, out)
         rec[0] += 1  # CALLS
         if runner is not None:
             runner.add(rec, 1, elapsed)  # NS

@@ -86,6 +86,8 @@ class RunFacts:
     device_name: Optional[str] = None
     rank: Optional[int] = None
     world_size: Optional[int] = None
+    # formulas that failed on some call (their calls are reported unsupported), one line each
+    pricing_errors: tuple = ()
 
 
 def _accumulate(into: dict, key, counts: tuple) -> None:
@@ -428,6 +430,7 @@ class Profile(TorchCompat):
             "device_name": run.device_name,
             "rank": run.rank,
             "world_size": run.world_size,
+            "pricing_errors": list(run.pricing_errors),
             "modules": [
                 {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
                  "forward_span_ns": facts.spans.get(name)}
@@ -463,6 +466,7 @@ class Profile(TorchCompat):
         if missing:
             raise ValueError(f"{source} is not a dispatch_flops run (missing {missing}); "
                              "write one with fc.to_json(path)")
+        run_fields["pricing_errors"] = tuple(run_fields.get("pricing_errors", ()))
         run = RunFacts(model=data["model"], **run_fields)
         modules = data["modules"]
         facts = ModuleFacts(
@@ -545,9 +549,10 @@ class Profile(TorchCompat):
                 for k, v in facts.items():
                     into[k] = into.get(k, 0) + v
         walls = [p.wall_s for p in profiles]
+        errors = tuple(dict.fromkeys(e for p in profiles for e in p.run.pricing_errors))
         run = replace(first.run, steps=sum(p.steps for p in profiles),
                       wall_s=None if None in walls else sum(walls),
-                      repeats=min(p.repeats for p in profiles))
+                      repeats=min(p.repeats for p in profiles), pricing_errors=errors)
         facts = replace(first.module_facts, calls=calls, spans=spans, saved=saved)
         parts = tuple(q for p in profiles for q in (p.parts or (p,)))
         return cls([(k, tuple(v)) for k, v in rows.items()], facts, run, parts=parts)

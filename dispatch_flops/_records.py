@@ -5,28 +5,31 @@ The dispatch mode counts each op call into an *op record*, a list it indexes on 
     rec[CALLS]      calls counted
     rec[NS]         measured ns (timing on)
     rec[SIGNATURE]  the ``Signature`` every call of the record shares, or None for a view
-                    (no arithmetic, no bytes) and for a record priced as it runs
-    rec[SUMS]       for a record priced as it runs (a signature that cannot be hashed, such as
-                    symbolic sizes): its ``PRICED`` counts summed over calls; else None
+                    (no arithmetic, no bytes)
 
 An op's flops and bytes are a function of its signature (the op, its arguments' shapes,
-dtypes and strides), so a signature is worked out once (``Signature``) and priced once
-(``Signature.unit``), and a record only counts calls. ``Captured`` copies a ledger's counts
-when a counter ends and turns them into Profile rows when read: one row per (module stack,
-phase, overload), counts in ``COUNTS`` order then ns.
+dtypes and strides; sparse and symbolic tensors by what they store, see ``_mode``), so a
+signature is worked out once (``Signature``) and priced once (``Signature.unit``), and a
+record only counts calls. ``Captured`` copies a ledger's counts when a counter ends and turns
+them into Profile rows when read: one row per (module stack, phase, overload), counts in
+``COUNTS`` order then ns. A formula that fails, or returns what is not a ``Cost`` of
+non-negative integers, loses nothing else: its calls are reported unsupported, with the error
+(``PricingError``), and warned about once.
 """
 
 from __future__ import annotations
 
+import operator
+import warnings
 import weakref
 from operator import itemgetter
 from typing import Optional
 
-from dispatch_flops.formulas import ELEMENT_COSTS
+from dispatch_flops.formulas import ELEMENT_COSTS, Cost
 
-from ._results import COUNTS, PHASES, PRICED
+from ._results import COUNTS, PHASES, PRICED, UNSUPPORTED
 
-CALLS, NS, SIGNATURE, SUMS = range(4)
+CALLS, NS, SIGNATURE = range(3)
 ROW = COUNTS + ("ns",)  # a row's counts: every Stats count, then measured ns
 
 _calls = itemgetter(CALLS)
@@ -34,6 +37,10 @@ _ns = itemgetter(NS)
 
 CATEGORY_NAMES = {"formula": "exact", "no_arithmetic": "no_arithmetic",
                   "estimated": "estimated", "unsupported": "unsupported"}
+
+
+class PricingError(Exception):
+    """A formula that raised, or returned what is not a ``Cost`` of integers >= 0."""
 
 
 class Signature:
@@ -48,21 +55,61 @@ class Signature:
         self.call = call
         self.bytes_read = bytes_read
         self.bytes_written = bytes_written
-        self._unit: Optional[tuple] = None
+        self._unit = None
 
     def unit(self, resolved) -> tuple:
-        """What one call counts, in ``PRICED`` order (``resolved``: the op's resolution)."""
+        """What one call counts, in ``PRICED`` order (``resolved``: the op's resolution);
+        ``PricingError`` when its formula fails (raised again on every read)."""
         if self._unit is None:
-            self._unit = priced(resolved, self.call, self.bytes_read, self.bytes_written)
+            try:
+                self._unit = priced(resolved, self.call, self.bytes_read, self.bytes_written)
+            except Exception as e:  # a user's formula may raise anything
+                self._unit = e if isinstance(e, PricingError) else PricingError(
+                    f"{resolved.func} with {_shapes_of(self.call)}: the formula raised "
+                    f"{type(e).__name__}: {e}")
+        if isinstance(self._unit, PricingError):
+            raise self._unit
         return self._unit
+
+
+def _shapes_of(call) -> str:
+    if call is None:
+        return "no arguments"
+    args, out_shape, kwargs = call
+    shown = [tuple(a) if hasattr(a, "__len__") and not isinstance(a, str) else a
+             for a in args]
+    return f"args {shown}" + (f", kwargs {kwargs}" if kwargs else "")
+
+
+def _count(name: str, value, where: str) -> int:
+    try:
+        value = operator.index(value)  # ints, numpy integers, bools
+    except TypeError:
+        raise PricingError(f"{where}: {name} is {value!r}, not an integer") from None
+    if value < 0:
+        raise PricingError(f"{where}: {name} is {value}, below 0")
+    return value
+
+
+def bytes_only(signature: "Signature") -> tuple:
+    """A call's ``PRICED`` counts when its formula failed: the bytes it moved, flops unknown
+    (zero, and the call reported unsupported)."""
+    values = {"bytes_read": signature.bytes_read, "bytes_written": signature.bytes_written}
+    return tuple(values.get(name, 0) for name in PRICED)
 
 
 def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
     """One call's ``PRICED`` counts: the formula's flops and MACs (zero without a formula),
-    the bytes moved."""
+    the bytes moved. ``PricingError`` when the formula returns what is not a ``Cost`` of
+    integers >= 0."""
     cost = resolved.price(call)
-    values = {"flops": cost.flops, "macs": cost.macs, "bytes_read": bytes_read,
-              "bytes_written": bytes_written}
+    where = f"{resolved.func} with {_shapes_of(call)}"
+    if not isinstance(cost, Cost):
+        raise PricingError(f"{where}: the formula returned {cost!r}, not a "
+                           "dispatch_flops.Cost(flops, macs)")
+    values = {"flops": _count("flops", cost.flops, where),
+              "macs": _count("macs", cost.macs, where),
+              "bytes_read": bytes_read, "bytes_written": bytes_written}
     return tuple(values[name] for name in PRICED)
 
 
@@ -94,11 +141,12 @@ def engine_cache(registry) -> EngineCache:
 
 
 class Layout:
-    """Which row each of a ledger's first ``n`` records counts toward, and (once priced) what
-    one call of it counts. Records and frames are only ever appended, so a layout stays valid
-    for its ledger until the ledger grows."""
+    """Which row each of a ledger's first ``n`` records counts toward, and what one call of it
+    counts. Records and frames are only ever appended, so a layout stays valid for its ledger
+    until the ledger grows. Made when a counter ends (or is read): the signatures met for the
+    first time are priced then."""
 
-    __slots__ = ("n", "keys", "row_of", "signatures", "summed", "units", "memo")
+    __slots__ = ("n", "keys", "row_of", "units", "errors", "memo")
 
     def __init__(self, ledger, resolutions: dict):
         records = ledger.records
@@ -107,10 +155,9 @@ class Layout:
         rows: dict[tuple, int] = {}
         self.keys: list[tuple] = []  # (stack, phase, operator, overload, category) per row
         self.row_of = [0] * self.n
-        # (signature, resolution) per record, None for a view (nothing priced)
-        self.signatures: list = [None] * self.n
-        self.summed: list[int] = []  # records priced as they ran: their SUMS are read
-        self.units: Optional[list] = None  # PRICED per call of each record, priced when read
+        zero = (0,) * len(PRICED)
+        self.units: list[tuple] = [zero] * self.n  # PRICED per call of each record
+        self.errors: list[str] = []  # formulas that failed (their calls: unsupported)
         self.memo: Optional[tuple] = None  # (counts, rows) of the last rows made
         for frame in ledger.frames:
             for phase, acc in zip(PHASES, frame.acc):
@@ -120,30 +167,41 @@ class Layout:
                         continue
                     op = key if key.__class__ is int else key[0]
                     resolved = resolutions[op]
-                    row = rows.get((frame.stack, phase, op))
+                    func = resolved.func
+                    category = CATEGORY_NAMES[resolved.category.value]
+                    signature = rec[SIGNATURE]
+                    if signature is not None:
+                        try:
+                            self.units[i] = signature.unit(resolved)
+                        except PricingError as e:
+                            self._failed(str(e))
+                            self.units[i] = bytes_only(signature)
+                            category = UNSUPPORTED
+                    row_key = (frame.stack, phase, op, category)
+                    row = rows.get(row_key)
                     if row is None:
-                        row = rows[(frame.stack, phase, op)] = len(self.keys)
-                        func = resolved.func
+                        row = rows[row_key] = len(self.keys)
                         self.keys.append((frame.stack, phase, str(func.overloadpacket),
-                                          str(func), CATEGORY_NAMES[resolved.category.value]))
+                                          str(func), category))
                     self.row_of[i] = row
-                    if rec[SIGNATURE] is not None:
-                        self.signatures[i] = (rec[SIGNATURE], resolved)
-                    elif rec[SUMS] is not None:
-                        self.summed.append(i)
 
-    def priced_units(self) -> list:
-        if self.units is None:
-            zero = (0,) * len(PRICED)
-            self.units = [zero if s is None else s[0].unit(s[1]) for s in self.signatures]
-        return self.units
+    def _failed(self, error: str) -> None:
+        if error not in self.errors:
+            self.errors.append(error)
+            if error not in _WARNED:
+                _WARNED.add(error)
+                warnings.warn(f"dispatch_flops: {error}; its calls are reported unsupported",
+                              RuntimeWarning, stacklevel=4)
+
+
+_WARNED: set = set()  # pricing errors warned about (once each per process)
 
 
 class Captured:
     """A ledger's counts as they were when captured, with the layout that reads them: cheap
-    to take (columns copied in C), priced and summed into rows only when read (``rows``)."""
+    to take (columns copied in C), summed into rows only when read (``rows``)."""
 
-    __slots__ = ("layout", "calls", "ns", "sums")
+    __slots__ = ("layout", "calls", "ns")
 
     def __init__(self, ledger, resolutions: dict):
         records = ledger.records
@@ -153,7 +211,11 @@ class Captured:
         self.layout = layout
         self.calls = list(map(_calls, records))
         self.ns = list(map(_ns, records))
-        self.sums = tuple(tuple(records[i][SUMS]) for i in layout.summed)
+
+    @property
+    def errors(self) -> tuple:
+        """The pricing errors of the formulas this capture's records met."""
+        return tuple(self.layout.errors)
 
     def rows(self) -> tuple:
         """``((key, counts), ...)``: ``key`` is ``(stack, phase, operator, overload,
@@ -161,13 +223,12 @@ class Captured:
         met; rows that counted nothing are left out. Counts equal to the layout's last rows'
         give those rows again (the same tuple)."""
         layout, calls, ns = self.layout, self.calls, self.ns
-        memo = (calls, ns, self.sums)
+        memo = (calls, ns)
         if layout.memo is not None and layout.memo[0] == memo:
             return layout.memo[1]
-        units = layout.priced_units()
+        units = layout.units
         width = len(ROW)
         totals: list[Optional[list]] = [None] * len(layout.keys)
-        summed = dict(zip(layout.summed, self.sums))
         for i, n in enumerate(calls):
             if not n and not ns[i]:
                 continue
@@ -176,13 +237,8 @@ class Captured:
             if total is None:
                 total = totals[row] = [0] * width
             total[0] += n
-            extra = summed.get(i)
-            if extra is None:
-                for j, per_call in enumerate(units[i], 1):
-                    total[j] += n * per_call
-            else:  # priced as it ran: the sums themselves
-                for j, value in enumerate(extra, 1):
-                    total[j] += value
+            for j, per_call in enumerate(units[i], 1):
+                total[j] += n * per_call
             total[-1] += ns[i]
         rows = tuple((layout.keys[r], tuple(t)) for r, t in enumerate(totals) if t is not None)
         layout.memo = (memo, rows)

@@ -72,6 +72,8 @@ def module_table(counter, depth: int = 2) -> str:
         lines.append(f"Unsupported ops (bytes counted, flops unknown): {_listed(unsupported)}")
     else:
         lines.append("Unsupported ops: none")
+    for error in counter.run.pricing_errors:
+        lines.append(f"Formula failed (its calls reported unsupported): {error}")
     return "\n".join(lines)
 
 

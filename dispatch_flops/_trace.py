@@ -16,7 +16,7 @@ from time import perf_counter_ns
 from typing import Optional
 import torch
 
-from ._records import CATEGORY_NAMES, SIGNATURE, SUMS
+from ._records import CATEGORY_NAMES, SIGNATURE, PricingError, bytes_only
 from ._results import FORWARD, PHASES, PRICED
 from ._timing import Timer
 
@@ -28,9 +28,8 @@ BLOCK = "block"  # the whole ``with`` block
 
 
 class TracingTimer(Timer):
-    """Times like ``Timer`` and keeps ``(record, start, end, sums)`` per op call (``sums``:
-    a record priced as it runs, its running sums at that moment, to tell this call's share)
-    and ``(span list, start, end)`` per module call, up to ``limit`` events."""
+    """Times like ``Timer`` and keeps ``(record, start, end)`` per op call and ``(span list,
+    start, end)`` per module call, up to ``limit`` events."""
 
     def __init__(self, limit: Optional[int] = None) -> None:
         super().__init__()
@@ -44,8 +43,7 @@ class TracingTimer(Timer):
         super().add(counts, index, token)
         if len(self.events) < self.limit:
             start, end = token
-            sums = counts[SUMS]
-            self.events.append((counts, start, end, None if sums is None else tuple(sums)))
+            self.events.append((counts, start, end))
         else:
             self.dropped += 1
 
@@ -98,7 +96,6 @@ def trace_events(timer: TracingTimer, ledger, resolutions: dict, label: str
         for phase, acc in zip(PHASES, frame.acc):
             for key, rec in acc.items():
                 owner[id(rec)] = (frame, phase, key)
-    seen: dict[int, tuple] = {}  # running sums of each priced-as-run record at its last event
     names: dict[int, tuple] = {}  # op key -> (operator, overload, category)
     zero = (0,) * len(PRICED)
     events = []
@@ -109,20 +106,17 @@ def trace_events(timer: TracingTimer, ledger, resolutions: dict, label: str
             events.append(TraceEvent(BLOCK, label, FORWARD, (), start, end))
             continue
         frame, phase, key = found
-        if len(event) == 3:
+        if key is None:  # a module call's span list
             events.append(TraceEvent(MODULE, frame.name, FORWARD, frame.stack, start, end))
             continue
         op = key if key.__class__ is int else key[0]
         resolved = resolutions[op]
-        sums = event[3]
-        if sums is not None:  # this call's share: the sums' growth since the last event
-            before = seen.get(id(rec), zero)
-            seen[id(rec)] = sums
-            unit = tuple(now - then for now, then in zip(sums, before))
-        elif rec[SIGNATURE] is not None:  # every call of a signature counts the same
-            unit = rec[SIGNATURE].unit(resolved)
-        else:
-            unit = zero
+        unit = zero
+        if rec[SIGNATURE] is not None:  # every call of a signature counts the same
+            try:
+                unit = rec[SIGNATURE].unit(resolved)
+            except PricingError:  # reported unsupported in the Profile: flops unknown
+                unit = bytes_only(rec[SIGNATURE])
         named = names.get(op)
         if named is None:
             func = resolved.func

@@ -30,7 +30,7 @@ from torch.optim.optimizer import (
 
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from ._records import CALLS, NS, SUMS
+from ._records import CALLS, NS
 from ._timing import Timer
 from ._results import BACKWARD, FORWARD, OPTIMIZER, PHASES, RECOMPUTE, ROOT, static_prefixes
 
@@ -157,12 +157,6 @@ class Ledger:
         if any(map(_ns, records)):
             for rec in records:
                 rec[NS] = 0
-        layout = self.layout
-        for i in layout.summed if layout is not None and layout.n == len(records) \
-                else range(len(records)):
-            sums = records[i][SUMS]
-            if sums is not None:
-                sums[:] = [0] * len(sums)
         for frame in self.frames:
             frame.calls = 0
             frame.span[0] = 0

@@ -7,6 +7,7 @@ from the dispatch mode to a view.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -171,7 +172,8 @@ class FlopCounter:
             names=tracker.names(), types=types, params=params,
             calls=calls, spans=tracker.spans(calls) if self.timing else {},
             saved=tracker.saved() if self.saved_activations else {})
-        return Captured(tracker.ledger, self._mode.resolved), facts, self._run_facts()
+        counts = Captured(tracker.ledger, self._mode.resolved)
+        return counts, facts, replace(self._run_facts(), pricing_errors=counts.errors)
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured

@@ -15,6 +15,7 @@ from ._registry import (
     has_formula,
     register_formula,
 )
+from ._shapes import SparseInfo
 from .costs import ELEMENT_COSTS
 from . import (  # noqa: F401  (registers)
     attention,
@@ -45,6 +46,7 @@ __all__ = [
     "Movement",
     "REGISTRY",
     "Registry",
+    "SparseInfo",
     "ZERO_COST",
     "has_formula",
     "register_formula",

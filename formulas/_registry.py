@@ -25,6 +25,15 @@ names them.
   indexing tells a boolean mask from integer indices. Formulas that do not name it never
   pay for it.
 * ``causal_unmasked_only``: the counter's ``attention="causal"`` option (attention formulas).
+* ``layouts``: a list parallel to the positional ``args``: a ``SparseInfo`` (layout, stored
+  values) for a sparse tensor, ``None`` for anything else. A formula that names it prices calls
+  with sparse arguments (the shapes it sees stay the dense shapes); a call with a sparse
+  argument whose formula does not name it is reported unsupported (its bytes, the values and
+  indices stored, are counted).
+
+A formula returns a ``Cost`` of integers >= 0 (numpy integers are taken as ints). One that
+raises, or returns anything else, loses nothing else of the run: its calls are reported
+unsupported, with the error, and a warning says so.
 
 An op falls in exactly one of four categories, kept apart everywhere:
 
@@ -43,6 +52,7 @@ unsupported. A registered formula always wins over an estimate.
 from __future__ import annotations
 
 import enum
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Optional, Union
 
@@ -103,6 +113,23 @@ def _as_op(op) -> OpLike:
     )
 
 
+def _check_formula(fn) -> None:
+    """A formula must be callable as the contract calls it: ``fn(*args, out_shape=...)``."""
+    if not callable(fn):
+        raise TypeError(f"a formula must be a function fn(*args, out_shape, **kwargs) -> Cost, "
+                        f"got {fn!r}")
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: taken on trust
+        return
+    kinds = {p.kind for p in parameters}
+    takes_out = any(p.name == "out_shape" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                    for p in parameters) or inspect.Parameter.VAR_KEYWORD in kinds
+    if not takes_out:
+        raise TypeError(f"formula {getattr(fn, '__name__', fn)!r} must take the keyword "
+                        "out_shape (the contract: fn(*args, out_shape, **kwargs) -> Cost)")
+
+
 def _packet_of(op: OpLike) -> OpOverloadPacket:
     return op.overloadpacket if isinstance(op, OpOverload) else op
 
@@ -129,12 +156,19 @@ class Registry:
         return [_as_op(op) for op in ops]
 
     def _put(self, ops: list, entry: Entry, override: bool) -> None:
+        if not override:
+            for op in ops:
+                # an overload's entry would shadow its packet's (a packet's entry never
+                # replaces an overload's: those keep winning the lookup)
+                if isinstance(op, OpOverload):
+                    taken = op in self._overloads or op.overloadpacket in self._packets
+                else:
+                    taken = op in self._packets
+                if taken:
+                    raise ValueError(f"{op} is already registered (it or its packet has a formula); "
+                                     "pass override=True to replace it")
         for op in ops:
             table = self._overloads if isinstance(op, OpOverload) else self._packets
-            if op in table and not override:
-                raise ValueError(
-                    f"{op} is already registered; pass override=True to replace its formula"
-                )
             table[op] = entry
         self.version += 1
 
@@ -144,6 +178,7 @@ class Registry:
         ops = self._normalise(ops)  # fail at the decorator line, not later
 
         def decorate(fn: Formula) -> Formula:
+            _check_formula(fn)
             self._put(ops, Entry(Category.FORMULA, fn), override)
             return fn
 
@@ -162,6 +197,7 @@ class Registry:
             raise TypeError(f"expected a torch.Tag (torch.Tag.pointwise), got {tag!r}")
         if tag in self._tag_estimates and not override:
             raise ValueError(f"{tag} already has an estimate; pass override=True to replace it")
+        _check_formula(fn)
         self._tag_estimates[tag] = Entry(Category.ESTIMATED, fn)
         self.version += 1
 

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from math import prod
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
+
+
+class SparseInfo(NamedTuple):
+    """What a sparse tensor argument stores, for formulas that take ``layouts`` (see the
+    formula contract): its layout (``"sparse_coo"``, ``"sparse_csr"``, ``"sparse_csc"``,
+    ``"sparse_bsr"``, ``"sparse_bsc"``) and ``nnz``, the scalar values it stores (a BSR
+    block of 2 x 3 is 6)."""
+
+    layout: str
+    nnz: int
 
 
 def numel(shape: Sequence[int]) -> int:

@@ -121,7 +121,8 @@ def nonzero(x, *, out_shape, **kw) -> Cost:
     return Cost(numel(x))
 
 
-register_formula([aten.where.default, aten.argwhere, aten.nonzero_static])(nonzero)
+# where(condition) alone is nonzero; where(cond, x, y) stays the pointwise select
+register_formula([aten.where.default, aten.argwhere, aten.nonzero_static], override=True)(nonzero)
 
 
 @register_formula([getattr(aten, f"{kind}_pad{d}d_backward")

@@ -38,16 +38,40 @@ def _with_bias(macs: int, added_elements: int, dtypes=None) -> Cost:
     return Cost(2 * macs + added_elements, macs)
 
 
-@register_formula([aten.mm, aten._int_mm, aten._scaled_mm])
-def mm(a, b, *args, out_shape, dtypes=None, **kwargs) -> Cost:
+def mm_macs(a, b, sparse_a=None, sparse_b=None) -> int:
+    """MACs of ``a [m, k] @ b [k, n]``. A sparse operand contributes its stored values: each
+    value of a sparse ``a`` meets one row of ``b`` (n MACs), each of a sparse ``b`` one column
+    of ``a`` (m MACs). Both sparse: each value of ``a`` meets the values of one row of ``b``,
+    ``nnz_b / k`` of them on average (the expected count; the exact one needs the pattern)."""
+    m, k, n = a[0], a[1], b[1]
+    if sparse_a is not None and sparse_b is not None:
+        return sparse_a.nnz * sparse_b.nnz // k if k else 0
+    if sparse_a is not None:
+        return sparse_a.nnz * n
+    if sparse_b is not None:
+        return m * sparse_b.nnz
+    return m * k * n
+
+
+def _sparse(layouts, i):
+    return layouts[i] if layouts is not None and i < len(layouts) else None
+
+
+@register_formula([aten.mm, aten._int_mm, aten._scaled_mm, aten._sparse_mm, aten.smm,
+                   aten.hspmm])
+def mm(a, b, *args, out_shape, dtypes=None, layouts=None, **kwargs) -> Cost:
     # a: [m, k], b: [k, n]; _scaled_mm's optional bias adds one flop per output element
     bias = kwargs.get("bias", args[2] if len(args) > 2 else None)
-    return _with_bias(a[0] * a[1] * b[1], numel(out_shape) if bias is not None else 0, dtypes)
+    macs = mm_macs(a, b, _sparse(layouts, 0), _sparse(layouts, 1))
+    return _with_bias(macs, numel(out_shape) if bias is not None else 0, dtypes)
 
 
-@register_formula(aten.addmm)
-def addmm(bias, a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
-    return _with_bias(a[0] * a[1] * b[1], numel(out_shape), dtypes)
+@register_formula([aten.addmm, aten._sparse_addmm, aten.sspaddmm])
+def addmm(bias, a, b, *args, out_shape, dtypes=None, layouts=None, **kwargs) -> Cost:
+    # out = bias + a @ b: one add per output element (a sparse output: per stored value)
+    macs = mm_macs(a, b, _sparse(layouts, 1), _sparse(layouts, 2))
+    added = _sparse(layouts, 0).nnz if _sparse(layouts, 0) is not None else numel(out_shape)
+    return _with_bias(macs, added, dtypes)
 
 
 @register_formula(aten.bmm)
@@ -81,14 +105,17 @@ def grouped_mm(a, b, *args, out_shape, **kwargs) -> Cost:
 
 
 @register_formula([aten.mv, aten.dot, aten.vdot])
-def mv(a, b, *args, out_shape, dtypes=None, **kwargs) -> Cost:
-    # mv: a [m, k], b [k]; dot: a [k], b [k]
-    return _with_bias(numel(a), 0, dtypes)
+def mv(a, b, *args, out_shape, dtypes=None, layouts=None, **kwargs) -> Cost:
+    # mv: a [m, k], b [k]; dot: a [k], b [k]; a sparse matrix: one MAC per stored value
+    sparse_a = _sparse(layouts, 0)
+    return _with_bias(sparse_a.nnz if sparse_a is not None else numel(a), 0, dtypes)
 
 
 @register_formula(aten.addmv)
-def addmv(bias, a, b, *, out_shape, dtypes=None, **kwargs) -> Cost:
-    return _with_bias(numel(a), numel(out_shape), dtypes)
+def addmv(bias, a, b, *, out_shape, dtypes=None, layouts=None, **kwargs) -> Cost:
+    sparse_a = _sparse(layouts, 1)
+    return _with_bias(sparse_a.nnz if sparse_a is not None else numel(a), numel(out_shape),
+                      dtypes)
 
 
 @register_formula(aten.addr)

@@ -20,11 +20,15 @@ from ._registry import REGISTRY, Movement
 aten = torch.ops.aten
 
 
+_LISTED: set = set()
+
+
 def _ops(names: str):
     found = []
     for name in names.split():
         op = getattr(aten, name, None)
-        if op is not None:  # ops come and go across torch versions
+        if op is not None and op not in _LISTED:  # ops come and go across torch versions
+            _LISTED.add(op)
             found.append(op)
     return found
 
@@ -74,6 +78,27 @@ COPY_OPS = _ops(
     vstack dstack type_as
     """
 )
+# layout conversions: sparse <-> dense, nested <-> padded or a list (they move what is stored)
+CONVERSION_OPS = _ops(
+    """
+    _to_sparse to_sparse _to_sparse_csr to_sparse_csr _to_sparse_csc to_sparse_csc
+    _to_sparse_bsr to_sparse_bsr _to_sparse_bsc to_sparse_bsc _coalesce coalesce
+    _sparse_coo_tensor_with_dims_and_tensors _sparse_coo_tensor_unsafe sparse_coo_tensor
+    _sparse_csr_tensor_unsafe _sparse_compressed_tensor_unsafe sparse_compressed_tensor
+    _nested_tensor_from_tensor_list _nested_from_padded to_padded_tensor _nested_from_padded_tensor
+    _nested_tensor_from_mask
+    """
+)
+# views of what a sparse or nested tensor stores
+STORAGE_VIEW_OPS = _ops(
+    """
+    _values _indices values indices crow_indices col_indices ccol_indices row_indices
+    _nested_view_from_jagged _nested_get_values _nested_get_offsets _nested_get_lengths
+    _nested_get_jagged_dummy _nested_get_ragged_idx _nested_view_from_buffer
+    _nested_get_min_seqlen _nested_get_max_seqlen _nnz _dimI _dimV sparse_dim dense_dim
+    is_coalesced _coalesced_
+    """
+)
 # indexing: gathers and scatters that only move data
 INDEXING_OPS = _ops(
     """
@@ -102,6 +127,7 @@ WRITE_OPS = _ops(
     """
 )
 
-REGISTRY.no_arithmetic(VIEW_OPS + METADATA_OPS + ALLOCATION_OPS + PROFILER_OPS, Movement.NONE)
-REGISTRY.no_arithmetic(COPY_OPS + INDEXING_OPS + LAYOUT_OPS, Movement.COPY)
+REGISTRY.no_arithmetic(VIEW_OPS + METADATA_OPS + ALLOCATION_OPS + PROFILER_OPS
+                       + STORAGE_VIEW_OPS, Movement.NONE)
+REGISTRY.no_arithmetic(COPY_OPS + INDEXING_OPS + LAYOUT_OPS + CONVERSION_OPS, Movement.COPY)
 REGISTRY.no_arithmetic(WRITE_OPS, Movement.WRITE)

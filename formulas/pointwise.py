@@ -155,7 +155,7 @@ def angle(x, *, out_shape, dtypes=None, **kwargs) -> Cost:
 
 
 # max/min with a second tensor are the binary maximum/minimum; the packets are reductions
-register_formula([aten.max.other, aten.max.out, aten.min.other, aten.min.out])(
+register_formula([aten.max.other, aten.max.out, aten.min.other, aten.min.out], override=True)(
     per_element("maximum"))
 
 

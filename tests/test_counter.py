@@ -224,7 +224,9 @@ def test_registry_duplicates_and_overrides():
     with pytest.raises(ValueError, match="override=True"):
         reg.formula(torch.ops.aten.cos)(lambda *a, out_shape, **k: Cost(2))
     reg.formula(torch.ops.aten.cos, override=True)(lambda *a, out_shape, **k: Cost(3))
-    reg.formula(torch.ops.aten.cos.out)(lambda *a, out_shape, **k: Cost(7))
+    with pytest.raises(ValueError, match="override=True"):  # it would shadow the packet's
+        reg.formula(torch.ops.aten.cos.out)(lambda *a, out_shape, **k: Cost(7))
+    reg.formula(torch.ops.aten.cos.out, override=True)(lambda *a, out_shape, **k: Cost(7))
     with FlopCounter(registry=reg) as fc:
         x = torch.randn(2)
         x.cos()
@@ -265,8 +267,9 @@ def test_custom_op_end_to_end():
     assert fc.unsupported_ops() == {}  # the op's own kernel runs below the mode
     with pytest.raises(ValueError, match="already registered"):
         register_formula(torch.ops.dispatch_flops_test.scaled_mm3)(_formula)
-    # the CustomOpDef itself is accepted too (it names the op's overload)
-    register_formula(scaled_mm3)(lambda a, b, *, out_shape: Cost(1, 0))
+    # the CustomOpDef itself is accepted too (it names the op's overload, which the packet's
+    # formula already prices: replacing it takes override=True)
+    register_formula(scaled_mm3, override=True)(lambda a, b, *, out_shape: Cost(1, 0))
     with FlopCounter() as fc:
         scaled_mm3(a, b)
     assert fc.total.flops == 1
