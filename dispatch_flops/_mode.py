@@ -7,12 +7,18 @@ OpOverload once, and leaves all aggregation to report time.
 from __future__ import annotations
 
 import inspect
+import sys
 from bisect import bisect_right
 from functools import partial
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
+    _pop_mode,
+    _push_mode,
+)
 
 from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registry
 
@@ -21,7 +27,7 @@ from dispatch_flops.formulas import SparseInfo
 
 from ._records import CALLS, NS, SIGNATURE, Signature, engine_cache
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
-from ._tracker import RECOMPUTE_I, phase_of
+from ._tracker import RECOMPUTE_I, phase_of, running
 from ._tracker import top_saved_tensors_hooks as _top_saved_tensors_hooks
 
 # the hot path builds records as literals, [0, 0, signature], and indexes them with literals
@@ -523,5 +529,45 @@ class CountingMode(TorchDispatchMode):
         return out
 
 
+class GuardedCountingMode(CountingMode):
+    """A counting mode entered in a generator or coroutine: while that frame is suspended,
+    other code on its thread (the loop's other tasks, the generator's consumer) runs under
+    this mode too; those ops are run, not counted (see ``ModuleTracker.sees``)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.tracker.sees(sys._getframe()):
+            return func(*args, **kwargs) if kwargs else func(*args)
+        return CountingMode.__torch_dispatch__(self, func, types, args, kwargs)
+
+
+def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None:
+    """Take ``mode`` off the dispatch mode stack wherever it is. Counters exited out of order
+    (``a.__enter__(); b.__enter__(); a.__exit__()``) would otherwise pop ``b``'s mode and
+    leave ``a``'s counting: the modes above it are taken off and put back, and the lowest of
+    them inherits the dispatch flags ``mode`` saved on entry (torch restores them in LIFO
+    order)."""
+    stack = _get_current_dispatch_mode_stack()
+    if stack and stack[-1] is mode:
+        mode.__exit__(exc_type, exc, tb)
+        return
+    if not any(m is mode for m in stack):
+        return
+    above = []
+    while True:
+        top = _pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    lowest = above[-1]
+    for flags in ("old_dispatch_mode_flags", "old_non_infra_dispatch_mode_flags",
+                  "old_without_ignore_compile_internals_dispatch_mode_flags"):
+        mine, theirs = getattr(mode, flags, None), getattr(lowest, flags, None)
+        if mine and theirs:
+            theirs[-1] = mine.pop()
+    for m in reversed(above):
+        _push_mode(m)
+
+
 if _SKIP_FRAMES is not None:
     _SKIP_FRAMES(CountingMode.__torch_dispatch__.__code__)
+    _SKIP_FRAMES(GuardedCountingMode.__torch_dispatch__.__code__)

@@ -12,6 +12,7 @@ whose forward created it, whether or not that module's inputs required grad.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from operator import itemgetter
@@ -38,6 +39,8 @@ _ns = itemgetter(NS)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 # module boundaries kept for attributing backward ops (see _forget_oldest_boundaries)
 BOUNDARY_WINDOW = 100_000
+_getframe = sys._getframe
+_get_ident = threading.get_ident
 _sequence_nr = torch.autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
@@ -66,6 +69,27 @@ def phase_of(*, node: bool, recompute: bool, optimizer: bool) -> int:
     if optimizer:
         return OPTIMIZER_I
     return FORWARD_I
+
+
+def running(frame, start) -> bool:
+    """Whether the Python ``frame`` is on the call stack at ``start`` (start itself or a
+    caller of it): a module call, or a generator or coroutine, still running."""
+    while start is not None:
+        if start is frame:
+            return True
+        start = start.f_back
+    return False
+
+
+# frames that can be suspended with a counter open in them: a generator or a coroutine
+_SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE,
+# CO_ASYNC_GENERATOR
+
+
+def suspendable(frame) -> bool:
+    """Whether ``frame`` (where a counter is entered) can be suspended while other code runs
+    on its thread (a generator, a coroutine: asyncio tasks)."""
+    return bool(frame is not None and frame.f_code.co_flags & _SUSPENDABLE)
 
 
 def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
@@ -208,8 +232,14 @@ class ModuleTracker:
     """
 
     def __init__(self, model: Optional[nn.Module], mode, timer=None,
-                 ledger: Optional[Ledger] = None):
+                 ledger: Optional[Ledger] = None, guard=None):
         self.model = model
+        # what a counter sees: module calls of the thread that entered it (and autograd's
+        # threads running its backward); when it was entered in a generator or coroutine
+        # (``guard``: that frame), only while that frame runs
+        self.thread = _get_ident()
+        self.guard = guard
+        self._calls: list[tuple] = []  # (Frame, frame of the hook's caller) per module call
         self.mode = mode
         self.timer = timer
         self._open: list = []  # (frame, start mark) of module calls running, when timing
@@ -303,12 +333,26 @@ class ModuleTracker:
         del self.boundary_seqs[1: -BOUNDARY_WINDOW]
         del self.boundary_frames[1: -BOUNDARY_WINDOW]
 
+    def sees(self, start) -> bool:
+        """Whether a call made at Python frame ``start`` is this counter's: on its thread
+        (or in backward, which autograd may run on its own threads), and, for a counter
+        entered in a generator or coroutine, while that is running."""
+        if _get_ident() != self.thread:
+            return _current_node() is not None
+        return self.guard is None or running(self.guard, start)
+
     def _push(self, module, args) -> None:
         name = self._name_of.get(id(module))
         if name is None:  # not one of the model's modules: ops stay with the enclosing one
             return
+        caller = _getframe(1)
+        if (_get_ident() != self.thread or self.guard is not None) and not self.sees(caller):
+            return
         if self._recompute_depth or _current_node() is not None:
             return self._push_recompute(name)
+        calls = self._calls
+        if calls and not running(calls[-1][1], caller):
+            self._drop_ended(caller)
         if name == ROOT:
             self.root_calls += 1
             frame = self.root
@@ -322,8 +366,27 @@ class ModuleTracker:
                 self._first_frames[name] = frame
             frame.calls += 1
             self._enter(frame)
+        calls.append((frame, caller))
         if self.timer is not None:
             self._open.append((frame, self.timer.mark()))
+
+    def _drop_ended(self, caller) -> None:
+        """Forget module calls that ended without their forward hook: torch runs always-call
+        hooks after an ``Exception`` only, so a ``KeyboardInterrupt`` (any ``BaseException``)
+        raised in a module and caught outside it leaves its calls open. A call has ended when
+        the frame that called its hook is no longer on the stack; the running frame goes back
+        to the innermost call still running."""
+        on_stack = set()
+        frame = caller
+        while frame is not None:
+            on_stack.add(id(frame))
+            frame = frame.f_back
+        calls = self._calls
+        while calls and id(calls[-1][1]) not in on_stack:
+            ended, _ = calls.pop()
+            if self.timer is not None:
+                self._close(ended)
+        self._enter(calls[-1][0] if calls else self.root)
 
     def _push_recompute(self, name: str) -> None:
         """A module called while autograd runs a node: activation checkpointing re-running
@@ -346,6 +409,9 @@ class ModuleTracker:
         name = self._name_of.get(id(module))
         if name is None:
             return
+        if (_get_ident() != self.thread or self.guard is not None) \
+                and not self.sees(_getframe(1)):
+            return
         if self._recompute_depth:
             return self._pop_recompute(name)
         if name == ROOT:
@@ -357,6 +423,10 @@ class ModuleTracker:
                 if frame is None:
                     return
             self._enter(frame.parent)
+        calls = self._calls
+        while calls:
+            if calls.pop()[0] is frame:
+                break
         if self.timer is not None:
             self._close(frame)
 

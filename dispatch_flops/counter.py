@@ -7,6 +7,7 @@ from the dispatch mode to a view.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Optional
 
@@ -17,13 +18,13 @@ from torch.autograd.graph import saved_tensors_hooks
 from dispatch_flops.formulas import REGISTRY, Registry
 
 from ._meta import MetaRunner
-from ._mode import CountingMode
+from ._mode import CountingMode, GuardedCountingMode, exit_mode
 from ._profile import ModuleFacts, Profile, RunFacts
 from ._records import Captured, engine_cache
 from ._results import ROOT
 from ._timing import Timer
 from ._trace import TracingTimer, trace_events
-from ._tracker import ModuleTracker, ledger_for
+from ._tracker import ModuleTracker, ledger_for, suspendable
 
 ATTENTION_MODES = ("dense", "causal")
 
@@ -90,10 +91,14 @@ class FlopCounter:
         timer = (TracingTimer() if self.trace else Timer()) if self.timing else None
         runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
         causal = self.attention == "causal"
-        mode = CountingMode(self.registry, causal, runner)
+        # entered in a generator or coroutine: count only while it runs (see GuardedCountingMode)
+        caller = sys._getframe(1)
+        guard = caller if suspendable(caller) else None
+        mode = (GuardedCountingMode if guard is not None else CountingMode)(
+            self.registry, causal, runner)
         ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, causal, timer)
         try:
-            tracker = ModuleTracker(self.model, mode, timer, ledger)
+            tracker = ModuleTracker(self.model, mode, timer, ledger, guard)
             mode.bind(tracker)
             tracker.attach()
         except BaseException:
@@ -129,7 +134,7 @@ class FlopCounter:
             if self._saved_hooks is not None:
                 self._saved_hooks.__exit__(exc_type, exc, tb)
                 self._saved_hooks = None
-            self._mode.__exit__(exc_type, exc, tb)
+            exit_mode(self._mode, exc_type, exc, tb)  # wherever it is on the stack
         finally:
             tracker.detach()
             if self._timer is not None:
