@@ -459,13 +459,19 @@ class Profile(TorchCompat):
             raise ValueError(f"{source} has schema_version {data['schema_version']!r}; this "
                              f"dispatch_flops reads version {SCHEMA_VERSION} (re-export the "
                              "run with this version)")
-        run_fields = {f: data[f] for f in RunFacts.__dataclass_fields__ if f != "model"
-                      and f in data}
         missing = [k for k in ("model", "records", "modules", "timing", "attention")
                    if k not in data]
         if missing:
             raise ValueError(f"{source} is not a dispatch_flops run (missing {missing}); "
                              "write one with fc.to_json(path)")
+        _check(data, _RUN_TYPES, source)
+        for i, m in enumerate(data["modules"]):
+            _check(m, _MODULE_TYPES, f"{source}: modules[{i}]")
+        for i, r in enumerate(data["records"]):
+            _check(r, _RECORD_TYPES, f"{source}: records[{i}]")
+            _check(r["stats"], _STATS_TYPES, f"{source}: records[{i}].stats")
+        run_fields = {f: data[f] for f in RunFacts.__dataclass_fields__ if f != "model"
+                      and f in data}
         run_fields["pricing_errors"] = tuple(run_fields.get("pricing_errors", ()))
         run = RunFacts(model=data["model"], **run_fields)
         modules = data["modules"]
@@ -590,6 +596,30 @@ class Profile(TorchCompat):
         run = replace(self.run, repeats=len(alike),
                       wall_s=statistics.median_low(walls) if walls else self.wall_s)
         return Profile(rows, replace(self.module_facts, spans=spans), run, trace=self._trace)
+
+
+# what from_dict reads, with its type: a missing or mistyped field is named in the error
+_RUN_TYPES = {"model": str, "records": list, "modules": list, "timing": bool, "attention": str,
+              "has_model": (bool, type(None)), "steps": (int, type(None)),
+              "wall_s": (float, int, type(None))}
+_MODULE_TYPES = {"name": str, "calls": int, "params": int}
+_RECORD_TYPES = {"stack": list, "phase": str, "operator": str, "overload": str,
+                 "category": str, "stats": dict}
+_STATS_TYPES = {**{c: int for c in COUNTS}, "latency_s": (float, int, type(None))}
+
+
+def _check(data, types: dict, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} is {type(data).__name__}, not an object")
+    for key, kind in types.items():
+        if key not in data:
+            if key in ("has_model", "steps", "wall_s"):
+                continue  # optional
+            raise ValueError(f"{where}: field {key!r} is missing")
+        value = data[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{where}: field {key!r} is {value!r}, not "
+                             f"{getattr(kind, '__name__', 'of the right type')}")
 
 
 def _difference(a: Profile, b: Profile) -> str:

@@ -475,6 +475,15 @@ class ModuleTracker:
     def _step_ends(self, optimizer, args, kwargs) -> None:
         self._optimizer_depth = max(0, self._optimizer_depth - 1)
         self._aim(phase_changed=True)
+        if not self._optimizer_depth and not self._recompute_depth:
+            # a step is over: the graphs its backward ran are gone, and with them every node
+            # the boundaries so far could attribute (a graph kept across optimizer steps with
+            # retain_graph=True would see its later backward go to the root)
+            del self.boundary_seqs[1:]
+            del self.boundary_frames[1:]
+            if self.current is not self.root:
+                self.boundary_seqs.append(_sequence_nr())
+                self.boundary_frames.append(self.current)
 
     def _close(self, frame: Frame) -> None:
         """End the span of ``frame``'s module call (and of any inner call left unclosed)."""
