@@ -1,32 +1,71 @@
-"""GPU timing checks: CUDA-event latency per op against end-to-end time, overhead, peak.
+"""GPU timing checks: CUDA-event latency per op against the kernels' own (CUPTI) times.
 
-On a GPU, for a GPT-2-small-shaped model in bf16 (batch and length large enough that the GPU,
-not Python, sets the pace), prints three checks, each with its figures:
+On a GPU, for a GPT-2-small-shaped model in bf16 training (forward, backward, AdamW step),
+prints each check with its figures:
 
-1. the sum of per-op event times is within 10 % of one event pair around the whole forward;
-2. a timed forward (FlopCounter(timing=True)) is within 10 % of an untimed eager forward;
-3. a large bf16 matmul's achieved FLOPS is near the device's peak (built-in DeviceSpec).
+1. one training step counted with ``FlopCounter(timing=True)`` inside ``torch.profiler``
+   (CPU + CUDA activities): the sum of our per-op event times against the sum of the step's
+   kernel, memcpy and memset times (CUPTI), within 10 %; and the top ops side by side (ours
+   vs the profiler's self device time per aten op);
+2. a timed step against an eager one (median of repeats, events around the step), within
+   1.10x, with no synchronize inside the block;
+3. host microseconds each variant adds per aten op (eager, counting, counting with timing),
+   measured directly on a small batch where the host sets the pace;
+4. events held after many steps with one counter open (pooled and pending: bounded);
+5. the same training step on ``cuda:1`` when there are two GPUs, without ``set_device``;
+6. a Chrome trace of one step written and read back;
+7. a large bf16 matmul's achieved FLOPS against the device's built-in peak.
 
-Without CUDA it says so and exits 0.
+Exit status: 0 when every check passes, 1 when one fails, 3 when there is no CUDA device
+(nothing was checked).
 
-    python benchmarks/gpu_timing.py [--batch 8] [--seq 1024] [--repeat 10]
+    python benchmarks/gpu_timing.py [--batch 8] [--seq 512] [--repeat 10] [--steps 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
 
 from dispatch_flops import FlopCounter, device_spec, human, profile
+from dispatch_flops import _timing
 from dispatch_flops._format import duration
-from dispatch_flops.models import GPT, GPT2_SMALL
+from dispatch_flops.models import GPT, GPT2_SMALL, GPTConfig
+
+NO_CUDA = 3  # exit status: skipped, no CUDA device
+
+
+def check(label: str, ok: bool, detail: str) -> bool:
+    print(f"[{'PASS' if ok else 'FAIL'}] {label}: {detail}")
+    return ok
+
+
+def training(config: GPTConfig, batch: int, seq: int, device: str):
+    """(model, one training step): forward, backward and an AdamW step, bf16."""
+    torch.manual_seed(0)
+    model = GPT(config).to(device, torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    idx = torch.randint(0, config.vocab_size, (batch, seq), device=device)
+
+    def step():
+        model(idx).float().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
 
 
 def event_time(fn, repeat: int) -> float:
-    """Median seconds of ``fn()`` between two CUDA events."""
+    """Median seconds of ``fn()`` between two CUDA events on the current stream."""
     times = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -38,71 +77,189 @@ def event_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def check(label: str, ok: bool, detail: str) -> bool:
-    print(f"[{'PASS' if ok else 'FAIL'}] {label}: {detail}")
+def ours_vs_kernels(model, step, top: int) -> bool:
+    """Check 1: one step counted inside torch.profiler."""
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        with FlopCounter(model, timing=True) as fc:
+            step()
+        torch.cuda.synchronize()
+    ours_s = fc.total.latency_s
+    # device activities (kernels, memcpy, memset) carry device_type CUDA; times in us
+    device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels_s = sum(e.time_range.elapsed_us() for e in device_events) / 1e6
+    ok = check("sum of per-op event times vs the step's kernel (CUPTI) times",
+               abs(ours_s - kernels_s) <= 0.10 * kernels_s,
+               f"ours {duration(ours_s)}, kernels {duration(kernels_s)} "
+               f"({len(device_events)} device activities), ratio {ours_s / kernels_s:.3f}")
+    theirs = {a.key: a.self_device_time_total / 1e6 for a in prof.key_averages()
+              if a.key.startswith("aten::")}
+    print(f"  top {top} ops by our time, against the profiler's self device time:")
+    print(f"  {'op':32s} {'ours':>10s} {'kernels':>10s} {'ratio':>6s}")
+    for name, stats in fc.top_ops_by_time(top):
+        kernel = theirs.get(name.replace(".", "::", 1), 0.0)
+        ratio = f"{stats.latency_s / kernel:.2f}" if kernel else "-"
+        print(f"  {name:32s} {duration(stats.latency_s):>10s} {duration(kernel):>10s} "
+              f"{ratio:>6s}")
     return ok
+
+
+def timed_vs_eager(model, step, repeat: int) -> bool:
+    """Check 2: a timed step costs at most 10 % over eager; nothing syncs inside it."""
+    eager = event_time(step, repeat)
+    synced = []
+    real_sync = torch.cuda.synchronize
+
+    def counting_sync(device=None):
+        synced.append(device)
+        real_sync(device)
+
+    timed = []
+    for _ in range(repeat):
+        torch.cuda.synchronize = counting_sync
+        try:
+            with FlopCounter(model, timing=True) as run:
+                step()
+        finally:
+            torch.cuda.synchronize = real_sync
+        timed.append(run.wall_s)  # read after the block: resolve syncs here, not inside
+    timed_s = statistics.median(timed)
+    ok = check("timed step vs eager step", timed_s <= 1.10 * eager,
+               f"timed {duration(timed_s)}, eager {duration(eager)}, "
+               f"ratio {timed_s / eager:.3f}")
+    ok &= check("no synchronize inside the block", not synced,
+                f"{len(synced)} synchronize calls inside {repeat} timed steps")
+    return ok
+
+
+def host_cost_per_op(repeat: int) -> None:
+    """Check 3 (figures only): host us each variant adds per aten op, small batch."""
+    model, step = training(GPTConfig(n_layer=4, d_model=128, n_head=4, vocab_size=512,
+                                     max_seq_len=64), 2, 32, "cuda")
+    for _ in range(3):
+        step()
+    with FlopCounter(model) as probe:
+        step()
+    ops = probe.total.calls
+    variants = {"eager": None, "counting": dict(), "counting + timing": dict(timing=True)}
+    host = {}
+    for name, options in variants.items():
+        times = []
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            if options is None:
+                step()
+            else:
+                with FlopCounter(model, **options):
+                    step()
+            times.append(time.perf_counter() - start)  # host time: no sync before reading
+        host[name] = statistics.median(times)
+    torch.cuda.synchronize()
+    print(f"host cost, small batch ({ops} aten ops per training step, host-bound):")
+    for name in variants:
+        added = (host[name] - host["eager"]) / ops * 1e6
+        print(f"  {name:18s} step {duration(host[name]):>10s} on the host, "
+              f"added {added:6.2f} us per op")
+
+
+def bounded_events(model, step, steps: int) -> bool:
+    """Check 4: events held with one counter open over many steps."""
+    state = _timing._STATE
+    held = []
+    with FlopCounter(model, timing=True) as fc:
+        for i in range(steps):
+            step()
+            if i % 10 == 9:
+                held.append(sum(len(p) for p in state.pools.values())
+                            + 2 * sum(len(s.pending) for s in state.streams.values()))
+    fc.total  # resolve
+    ops = fc.total.calls
+    half = held[len(held) // 2:]
+    return check(f"events held over {steps} steps with one counter open",
+                 max(half) <= 2 * max(held[: len(held) // 2] or [1]) + 2 * _timing.FOLD_EVERY,
+                 f"{ops} ops timed; events held every 10 steps: first {held[:3]}, "
+                 f"last {held[-3:]}, most {max(held)}")
+
+
+def second_device(batch: int, seq: int) -> bool:
+    """Check 5: the step on cuda:1 without set_device."""
+    model, step = training(GPT2_SMALL, batch, seq, "cuda:1")
+    step()
+    with FlopCounter(model, timing=True) as fc:
+        step()
+    devices = sorted(_timing._STATE.pools)
+    return check("a model on cuda:1, current device 0", fc.total.latency_s > 0 and 1 in devices,
+                 f"ops {duration(fc.total.latency_s)}, wall {duration(fc.wall_s)}, events "
+                 f"pooled on devices {devices}")
+
+
+def trace_export(model, step) -> bool:
+    """Check 6: a Chrome trace of one step."""
+    with FlopCounter(model, trace=True) as fc:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        fc.to_chrome_trace(path)
+        events = json.loads(path.read_text())["traceEvents"]
+        size = path.stat().st_size
+    ops = [e for e in events if e.get("cat") == "op"] or events
+    return check("trace export", len(events) > 0,
+                 f"{len(events)} trace events ({len(ops)} ops), {human(size, 'B')}")
+
+
+def matmul_vs_peak(spec, repeat: int) -> bool:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    mm = profile(None, (a, b), warmup=3, repeat=repeat, fn=torch.mm)
+    achieved = mm.by_operator()["aten.mm"].achieved_flops
+    if spec is None:
+        print(f"{n}x{n} bf16 matmul: {human(achieved, 'FLOPS')} (no built-in spec to compare)")
+        return True
+    peak = spec.peak_flops(torch.bfloat16)
+    return check(f"{n}x{n} bf16 matmul achieved FLOPS vs peak", achieved >= 0.6 * peak,
+                 f"{human(achieved, 'FLOPS')} of {human(peak, 'FLOPS')} "
+                 f"({achieved / peak:.1%}; dense peak, clocks and power limit apply)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=200, help="steps for the events check")
+    parser.add_argument("--top", type=int, default=10)
     args = parser.parse_args()
+    for name in ("batch", "seq", "repeat", "steps", "top"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
     if not torch.cuda.is_available():
-        print("CUDA is not available: GPU timing checks skipped.")
-        return 0
+        print(f"CUDA is not available: GPU timing checks skipped (exit status {NO_CUDA}).")
+        return NO_CUDA
     spec = device_spec()
     print(f"device: {torch.cuda.get_device_name()} -> built-in spec: "
-          f"{spec.name if spec else 'none'}")
-    torch.manual_seed(0)
-    model = GPT(GPT2_SMALL).to("cuda", torch.bfloat16).eval()
-    idx = torch.randint(0, GPT2_SMALL.vocab_size, (args.batch, args.seq), device="cuda")
-
-    def forward():
-        with torch.no_grad():
-            model(idx)
-
+          f"{spec.name if spec else 'none'}; {torch.cuda.device_count()} GPU(s)")
+    model, step = training(GPT2_SMALL, args.batch, args.seq, "cuda")
     for _ in range(3):
-        forward()
+        step()
     torch.cuda.synchronize()
-    ok = True
-
-    fc = profile(model, (idx,), warmup=2, repeat=args.repeat, fn=lambda i: forward())
-    op_sum, block = fc.total.latency_s, fc.wall_s
-    ok &= check("sum of per-op event times vs one event pair around the forward",
-                abs(op_sum - block) <= 0.10 * block,
-                f"ops {duration(op_sum)}, block {duration(block)}, "
-                f"ratio {op_sum / block:.3f}")
-
-    eager = event_time(forward, args.repeat)
-    timed = []
-    for _ in range(args.repeat):
-        with FlopCounter(model, timing=True) as run:
-            forward()
-        timed.append(run.wall_s)
-    timed_s = statistics.median(timed)
-    ok &= check("timed forward vs untimed eager forward", timed_s <= 1.10 * eager,
-                f"timed {duration(timed_s)}, eager {duration(eager)}, "
-                f"ratio {timed_s / eager:.3f}")
-    print(f"model: {human(fc.total.flops, 'FLOP')} per forward, "
-          f"{human(fc.total.flops / eager, 'FLOPS')} achieved eager")
-    if spec is not None:
-        print(f"MFU of the profiled forward (bf16 peak {human(spec.peak_flops(torch.bfloat16), 'FLOPS')}): "
-              f"{fc.mfu(spec, torch.bfloat16):.1%}")
-
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    mm = profile(None, (a, b), warmup=3, repeat=args.repeat, fn=torch.mm)
-    achieved = mm.by_operator()["aten.mm"].achieved_flops
-    if spec is not None:
-        peak = spec.peak_flops(torch.bfloat16)
-        ok &= check(f"{n}x{n} bf16 matmul achieved FLOPS vs peak", achieved >= 0.6 * peak,
-                    f"{human(achieved, 'FLOPS')} of {human(peak, 'FLOPS')} "
-                    f"({achieved / peak:.1%}; dense peak, clocks and power limit apply)")
+    print(f"GPT-2 small, bf16, batch {args.batch} x {args.seq}, forward + backward + AdamW")
+    ok = ours_vs_kernels(model, step, args.top)
+    ok &= timed_vs_eager(model, step, args.repeat)
+    host_cost_per_op(args.repeat)
+    small, small_step = training(GPTConfig(n_layer=2, d_model=64, n_head=2, vocab_size=256,
+                                           max_seq_len=32), 2, 16, "cuda")
+    ok &= bounded_events(small, small_step, args.steps)
+    if torch.cuda.device_count() > 1:
+        ok &= second_device(args.batch, args.seq)
     else:
-        print(f"{n}x{n} bf16 matmul: {human(achieved, 'FLOPS')} (no built-in spec to compare)")
+        print("one GPU: the cuda:1 check skipped")
+    ok &= trace_export(model, step)
+    with FlopCounter(model) as counted:
+        step()
+    print(f"model: {human(counted.total.flops, 'FLOP')} per training step")
+    ok &= matmul_vs_peak(spec, args.repeat)
     return 0 if ok else 1
 
 

@@ -366,7 +366,8 @@ class CountingMode(TorchDispatchMode):
 
     def __init__(self, registry: Registry, causal_unmasked_only: bool, runner=None):
         super().__init__()
-        # runs each op when not None: a _timing.Timer (timing on) or a _meta.MetaRunner
+        # runs each op when not None: a _timing.Timer (timing on) or a _meta.MetaRunner; its
+        # add(record, NS, token) counts the call
         self.runner = runner
         self.registry = registry
         self.causal_unmasked_only = causal_unmasked_only
@@ -384,8 +385,7 @@ class CountingMode(TorchDispatchMode):
         self.tracker = tracker
         self._boundary_seqs = tracker.boundary_seqs  # the tracker appends; we only bisect
         self._boundary_frames = tracker.boundary_frames
-        self._last_seq = -1
-        self._last_acc: dict = {}
+        self._last: tuple = (-1, {})  # (sequence number, accumulator) of the last node seen
         self._book = tracker.ledger.records  # every record made goes here too (see Ledger)
 
     def _recompute_acc(self, hook, seq: int) -> dict:
@@ -467,15 +467,15 @@ class CountingMode(TorchDispatchMode):
             if seq == _ACCUMULATE_GRAD_SEQ:  # saves nothing, so never re-runs forward
                 acc = self.tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
             else:
-                if seq == self._last_seq:  # a node runs several ops in a row
-                    acc = self._last_acc
+                last = self._last  # one read: device threads never see half an update
+                if seq == last[0]:  # a node runs several ops in a row
+                    acc = last[1]
                 else:
                     frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
                     # reentrant checkpointing re-runs forward inside its own node's backward:
                     # the node's ops are recompute, in the frame where checkpoint was called
                     acc = frame.acc[_REENTRANT_I if node.name() == _REENTRANT else _BACKWARD_I]
-                    self._last_seq = seq
-                    self._last_acc = acc
+                    self._last = (seq, acc)
                 hooks = _top_saved_tensors_hooks(False)
                 if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
                     acc = self._recompute_acc(hooks[0], seq)
@@ -523,9 +523,10 @@ class CountingMode(TorchDispatchMode):
                     self._book.append(rec)
             except (_Exotic, RuntimeError, TypeError):
                 rec = self._exotic_record(key, resolved, acc, args, kwargs, out)
-        rec[0] += 1  # CALLS
-        if runner is not None:
-            runner.add(rec, 1, elapsed)  # NS
+        if runner is None:
+            rec[0] += 1  # CALLS
+        else:  # the runner counts the call and its time (NS), under a lock where it needs one
+            runner.add(rec, 1, elapsed)
         return out
 
 

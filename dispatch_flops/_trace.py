@@ -1,9 +1,9 @@
 """A timeline of the run, for ``FlopCounter(model, trace=True)``: every op's and module
 call's start and end, not only their summed time.
 
-``TracingTimer`` is a ``Timer`` that also notes, for each op, the op record it was counted
-into (see ``_records``; the dispatch mode hands it to ``add``) and, for each module call, the
-frame's span list. The dispatch mode and the hooks
+``TracingTimer`` (``CudaTracingTimer``) is a ``Timer`` (``CudaTimer``) that also notes, for
+each op, the op record it was counted into (see ``_records``; the dispatch mode hands it to
+``add``) and, for each module call, the frame's span list. The dispatch mode and the hooks
 are the same as with plain timing; what an event means (op, module, phase, signature) is
 worked out only when the trace is read, by finding which frame and phase each noted list
 belongs to. Formulas are priced then too, once per signature, as ``records()`` does.
@@ -18,7 +18,8 @@ import torch
 
 from ._records import CATEGORY_NAMES, SIGNATURE, PricingError, bytes_only
 from ._results import FORWARD, PHASES, PRICED
-from ._timing import Timer
+from ._timing import CudaTimer, Timer
+from ._timing import new_timer as timing_new_timer
 
 TRACE_LIMIT = 200_000  # events kept per counter (op calls + module calls); later ones dropped
 
@@ -27,25 +28,35 @@ MODULE = "module"  # one forward call of a module, hook to hook
 BLOCK = "block"  # the whole ``with`` block
 
 
-class TracingTimer(Timer):
-    """Times like ``Timer`` and keeps ``(record, start, end)`` per op call and ``(span list,
-    start, end)`` per module call, up to ``limit`` events."""
+class _Tracing:
+    """Times like its timer and keeps ``(record, start, end)`` per op call and ``(span list,
+    start, end)`` per module call, up to ``limit`` events. A CUDA op's
+    start is its event pair (``end`` None): where it sits is worked out when the pair is
+    folded, and its events go back to the pool; an op with no time (a view on CUDA, graph
+    capture) is left out."""
 
-    def __init__(self, limit: Optional[int] = None) -> None:
-        super().__init__()
+    def _start_trace(self, limit: Optional[int]) -> None:
         self.limit = TRACE_LIMIT if limit is None else limit
         self.events: list[tuple] = []
         self.dropped = 0
         self.origin_ns = perf_counter_ns()
-        self.origin_event = self._event() if self.cuda else None
 
     def add(self, counts: list, index: int, token) -> None:
-        super().add(counts, index, token)
+        if token is None:
+            super().add(counts, index, token)
+            return
         if len(self.events) < self.limit:
-            start, end = token
+            if token.__class__ is tuple:
+                start, end = token
+            else:  # a CUDA pair: placed on the host clock from this timer's anchor event
+                if token.anchor is None:
+                    self._stream_of(token.stream.device)  # an anchor on its device
+                    token.anchor = self.anchor(token.stream.device)
+                start, end = token, None
             self.events.append((counts, start, end))
         else:
             self.dropped += 1
+        super().add(counts, index, token)
 
     def span(self, counts: list, index: int, start, end) -> None:
         super().span(counts, index, start, end)
@@ -54,13 +65,46 @@ class TracingTimer(Timer):
         else:
             self.dropped += 1
 
-    def ns(self, point) -> int:
-        """A time point (ns or a recorded CUDA event) as ns since this timer was made. CPU
-        and CUDA points share the origin but not the clock: on a CUDA run, ops on CPU tensors
-        are placed by the host's clock."""
-        if point.__class__ is int:
-            return point - self.origin_ns
-        return round(self.origin_event.elapsed_time(point) * 1e6)  # ms -> ns
+    def bounds(self, start, end) -> tuple[int, int]:
+        """``(start ns, end ns)`` since this timer was made, of an op's or module call's two
+        points (ns on the host clock, CUDA marks, or an op's CUDA pair with ``end`` None). CPU
+        and CUDA points share the origin but not the clock: a CUDA point is placed from the
+        timer's first event on its device, taken to run when the host recorded it."""
+        origin = self.origin_ns
+        if start.__class__ is int:
+            return start - origin, end - origin
+        if end is None:  # a folded pair
+            return start.at - origin, start.at + start.ns - origin
+        return start.at - origin, end.at - origin
+
+
+class TracingTimer(_Tracing, Timer):
+    """``Timer`` (the host clock) with a timeline (``_Tracing``)."""
+
+    def __init__(self, limit: Optional[int] = None) -> None:
+        super().__init__()
+        self._start_trace(limit)
+
+
+class CudaTracingTimer(_Tracing, CudaTimer):
+    """``CudaTimer`` with a timeline (``_Tracing``)."""
+
+    def __init__(self, devices=(), limit: Optional[int] = None) -> None:
+        super().__init__(devices)
+        self.tracing = True
+        self._start_trace(limit)
+
+
+def new_timer(trace: bool, devices=(), limit: Optional[int] = None) -> Timer:
+    """The timer for a counter (``_timing.new_timer``), keeping a timeline when ``trace``."""
+    if not trace:
+        return timing_new_timer(devices)
+    return CudaTracingTimer(devices, limit) if torch.cuda.is_available() else \
+        TracingTimer(limit)
+
+
+def is_tracing(timer) -> bool:
+    return isinstance(timer, _Tracing)
 
 
 @dataclass(frozen=True)
@@ -83,13 +127,11 @@ class TraceEvent:
     bytes_written: int = 0
 
 
-def trace_events(timer: TracingTimer, ledger, resolutions: dict, label: str
+def trace_events(timer: _Tracing, ledger, resolutions: dict, label: str
                  ) -> tuple[list[TraceEvent], int]:
     """``(events in time order, events dropped past the limit)`` of a finished counter's
     ``timer``, counted into ``ledger`` with op ``resolutions``; ``label`` names the block."""
     timer.resolve()
-    if timer.cuda:
-        torch.cuda.synchronize()
     owner: dict[int, tuple] = {}  # id of a record or span list -> (frame, phase, key)
     for frame in ledger.frames:
         owner[id(frame.span)] = (frame, FORWARD, None)
@@ -100,7 +142,10 @@ def trace_events(timer: TracingTimer, ledger, resolutions: dict, label: str
     zero = (0,) * len(PRICED)
     events = []
     for event in timer.events:
-        rec, start, end = event[0], timer.ns(event[1]), timer.ns(event[2])
+        rec = event[0]
+        if event[2] is None and event[1].at is None:  # a pair that could not be placed
+            continue
+        start, end = timer.bounds(event[1], event[2])
         found = owner.get(id(rec))
         if found is None:  # the block's own span
             events.append(TraceEvent(BLOCK, label, FORWARD, (), start, end))

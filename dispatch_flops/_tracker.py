@@ -190,9 +190,9 @@ class Ledger:
 def ledger_for(ledgers: dict, model: Optional[nn.Module], options, timer) -> Optional[Ledger]:
     """The sharing policy: a counter counts into its model's ledger (``shared_ledger``) unless
     it has no model (nothing to keep the ledger with) or times land in its records after the
-    block (CUDA events resolved later, or a trace pointing at the records); None means a
+    block (a CudaTimer's events resolved later, or a trace pointing at the records); None means a
     private ledger."""
-    if model is None or not (timer is None or (type(timer) is Timer and not timer.cuda)):
+    if model is None or not (timer is None or type(timer) is Timer):
         return None
     return shared_ledger(ledgers, model, options)
 
@@ -489,10 +489,9 @@ class ModuleTracker:
         """End the span of ``frame``'s module call (and of any inner call left unclosed)."""
         if not any(f is frame for f, _ in self._open):
             return
-        end = self.timer.mark()
-        while self._open:
+        while self._open:  # each mark is used once (a CUDA mark's events are pooled)
             inner, start = self._open.pop()
-            self.timer.span(inner.span, 0, start, end)
+            self.timer.span(inner.span, 0, start, self.timer.mark())
             if inner is frame:
                 return
 

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dispatch_flops.formulas import REGISTRY, Registry
 
@@ -22,8 +23,8 @@ from ._mode import CountingMode, GuardedCountingMode, exit_mode
 from ._profile import ModuleFacts, Profile, RunFacts
 from ._records import Captured, engine_cache
 from ._results import ROOT
-from ._timing import Timer
-from ._trace import TracingTimer, trace_events
+from ._timing import Relay, Relayed, Timer, cuda_index
+from ._trace import is_tracing, new_timer, trace_events
 from ._tracker import ModuleTracker, ledger_for, suspendable
 
 ATTENTION_MODES = ("dense", "causal")
@@ -41,9 +42,10 @@ class FlopCounter:
 
     ``attention="dense"`` (default) counts every (query, key) pair of attention;
     ``attention="causal"`` counts only the unmasked pairs when ``is_causal=True``.
-    ``timing=True`` also measures latency: CUDA events around every CUDA op and module call
-    (resolved with one synchronize when results are first read), ``perf_counter_ns`` on the
-    CPU. For medians over warm repeats use ``dispatch_flops.profile``. ``trace=True`` (timing
+    ``timing=True`` also measures latency: two CUDA events on the op's own device and stream
+    around every CUDA op that launches a kernel (pooled, folded as they complete, the rest
+    after one synchronize per device when results are first read), ``perf_counter_ns`` for
+    other ops; module calls and the block are spans between marks (see ``_timing``). For medians over warm repeats use ``dispatch_flops.profile``. ``trace=True`` (timing
     implied) also keeps when every op and module call started and ended, for
     ``to_chrome_trace``.
     Register custom formulas before entering the block.
@@ -81,6 +83,7 @@ class FlopCounter:
         self._wall = [0]  # ns from entry to exit, when timing
         self._wall_start = None
         self._saved_hooks = None
+        self._relay = None  # the Relay this counter put under the mode below it, if nested
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts) at exit
         self._profile: Optional[Profile] = None
 
@@ -88,8 +91,11 @@ class FlopCounter:
     def __enter__(self) -> "FlopCounter":
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
-        timer = (TracingTimer() if self.trace else Timer()) if self.timing else None
+        timer = new_timer(self.trace, self._cuda_devices()) if self.timing else None
         runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
+        relay = _relay_below(timer) if timer is not None else None
+        if relay is not None:  # nested: time ops by the bottom counting mode's clock
+            runner = Relayed(timer)
         causal = self.attention == "causal"
         # entered in a generator or coroutine: count only while it runs (see GuardedCountingMode)
         caller = sys._getframe(1)
@@ -104,6 +110,7 @@ class FlopCounter:
         except BaseException:
             if ledger is not None:
                 ledger.busy = False
+            _unrelay(relay)
             raise
         saved_hooks = None
         try:
@@ -119,8 +126,10 @@ class FlopCounter:
         except BaseException:
             tracker.detach()
             tracker.close()
+            _unrelay(relay)
             raise
         self._saved_hooks = saved_hooks
+        self._relay = relay
         self._tracker, self._mode, self._active = tracker, mode, True
         self._captured = self._profile = None
         self._timer, self._wall = timer, [0]
@@ -137,12 +146,23 @@ class FlopCounter:
             exit_mode(self._mode, exc_type, exc, tb)  # wherever it is on the stack
         finally:
             tracker.detach()
-            if self._timer is not None:
-                self._timer.span(self._wall, 0, self._wall_start, self._timer.mark())
+            _unrelay(self._relay)
+            self._relay = None
+            if self._timer is not None:  # on every stream used: side streams' work inside
+                self._timer.span(self._wall, 0, self._wall_start,
+                                 self._timer.mark(block_end=True))
             self._active = False
             if tracker.shared:  # the ledger's counts go back to zero for the next counter
                 self._captured = self._capture()
             tracker.close()
+
+    def _cuda_devices(self) -> list[int]:
+        """The CUDA devices the model's parameters and buffers are on (its marks start
+        there; ops add the devices they use)."""
+        if self.model is None or not torch.cuda.is_available():
+            return []
+        devices = {cuda_index(t) for t in (*self.model.parameters(), *self.model.buffers())}
+        return sorted(d for d in devices if d >= 0)
 
     def _on_meta(self) -> bool:
         """Whether the model lives on the meta device (shape-only counting: see _meta)."""
@@ -184,7 +204,7 @@ class FlopCounter:
         counts, facts, run = captured
         rows = counts.rows()
         trace = None
-        if isinstance(self._timer, TracingTimer) and not self._active:
+        if is_tracing(self._timer) and not self._active:
             trace = trace_events(self._timer, self._tracker.ledger, self._mode.resolved,
                                  self.root_label)
         # a run that counted what the ledger's last one did shares its views (same data)
@@ -240,6 +260,34 @@ class FlopCounter:
         """The ``Profile`` a ``to_json`` file holds (``Profile.from_json``): every view,
         export and plot works on it."""
         return Profile.from_json(path)
+
+
+def _relay_below(timer: Timer):
+    """When a counting mode is already on the dispatch stack, a timed counter entered now sits
+    above it: the op it times would include the counting work below. The bottom counting mode
+    (the one that runs the op itself) gets a ``Relay`` runner instead, which times the op alone
+    and hands the modes above the token (returned here, to be undone on exit); ``_ALREADY``
+    when it relays already; None when there is no mode below, or it counts on meta."""
+    below = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, CountingMode)]
+    if not below:
+        return None
+    bottom = below[0]
+    if isinstance(bottom.runner, Relay):
+        return _ALREADY
+    if isinstance(bottom.runner, MetaRunner):
+        return None
+    relay = Relay(bottom.runner, timer)
+    relay.mode = bottom
+    bottom.runner = relay
+    return relay
+
+
+_ALREADY = object()  # a relay below already serves this counter: nothing to undo
+
+
+def _unrelay(relay) -> None:
+    if isinstance(relay, Relay) and relay.mode.runner is relay:
+        relay.mode.runner = relay.runner
 
 
 # Every other view is the Profile's, asked through to_profile(): the counter keeps them so
