@@ -59,8 +59,13 @@ class Signature:
 
 def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
     """One call's ``PRICED`` counts: the formula's flops and MACs (zero without a formula),
-    the bytes moved."""
+    the bytes moved: the engine's figures unless the formula's ``Cost`` gives its own (an
+    op that touches part of a tensor)."""
     cost = resolved.price(call)
+    if cost.bytes_read is not None:
+        bytes_read = cost.bytes_read
+    if cost.bytes_written is not None:
+        bytes_written = cost.bytes_written
     values = {"flops": cost.flops, "macs": cost.macs, "bytes_read": bytes_read,
               "bytes_written": bytes_written}
     return tuple(values[name] for name in PRICED)
