@@ -11,6 +11,8 @@ from dispatch_flops.formulas import Cost, has_formula, register_formula
 from ._activations import Activations
 from ._deepspeed import FlopsProfiler, get_model_profile
 from ._format import human
+from ._generation import (DECODE, ENCODER, PREFILL, GenerationProfile, GenerationRoofline,
+                          StepCost, profile_generate)
 from ._profile import ModuleFacts, Profile, RunFacts
 from ._repeat import profile
 from ._results import (
@@ -41,14 +43,18 @@ __all__ = [
     "COMPUTE_BOUND",
     "Cost",
     "Coverage",
+    "DECODE",
     "DEVICES",
     "DeviceSpec",
+    "ENCODER",
     "ESTIMATED",
     "EXACT",
     "FORWARD",
     "FlopCounter",
     "FlopCounterMode",
     "FlopsProfiler",
+    "GenerationProfile",
+    "GenerationRoofline",
     "MEMORY_BOUND",
     "ModuleStats",
     "NO_ARITHMETIC",
@@ -56,11 +62,13 @@ __all__ = [
     "ModuleFacts",
     "OpRecord",
     "PHASES",
+    "PREFILL",
     "Profile",
     "RECOMPUTE",
     "ROOT",
     "Roofline",
     "RunFacts",
+    "StepCost",
     "Stats",
     "UNSUPPORTED",
     "device_spec",
@@ -68,5 +76,6 @@ __all__ = [
     "has_formula",
     "human",
     "profile",
+    "profile_generate",
     "register_formula",
 ]

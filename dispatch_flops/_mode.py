@@ -402,7 +402,7 @@ class CountingMode(TorchDispatchMode):
         entry = self.registry.lookup(func)
         formula = entry.formula
         with_dtypes = with_layouts = False
-        if entry.category is Category.FORMULA or entry.category is Category.ESTIMATED:
+        if formula is not None:  # a formula, an estimate, or a no-arithmetic op's bytes
             kind = FORMULA
             parameters = inspect.signature(formula).parameters
             if "causal_unmasked_only" in parameters:

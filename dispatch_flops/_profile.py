@@ -598,6 +598,26 @@ class Profile(TorchCompat):
         return Profile(rows, replace(self.module_facts, spans=spans), run, trace=self._trace)
 
 
+def since(later: Profile, earlier: Profile) -> Profile:
+    """What ``later`` counted after ``earlier``, both snapshots of one counter's run (taken
+    inside its block with ``to_profile()``): calls, counts, times and module calls
+    subtracted; rows that counted nothing left out. ``profile_generate`` cuts a run into
+    steps with it."""
+    rows = {key: list(counts) for key, counts in later._rows}
+    for key, counts in earlier._rows:
+        rows[key] = [a - b for a, b in zip(rows.get(key, (0,) * len(counts)), counts)]
+
+    def minus(a: dict, b: dict) -> dict:
+        out = {k: v - b.get(k, 0) for k, v in a.items()}
+        return {k: v for k, v in out.items() if v}
+
+    facts = replace(later.module_facts,
+                    calls=minus(later.module_facts.calls, earlier.module_facts.calls),
+                    spans=minus(later.module_facts.spans, earlier.module_facts.spans),
+                    saved=minus(later.module_facts.saved, earlier.module_facts.saved))
+    return Profile([(k, tuple(v)) for k, v in rows.items() if any(v)], facts, later.run)
+
+
 # what from_dict reads, with its type: a missing or mistyped field is named in the error
 _RUN_TYPES = {"model": str, "records": list, "modules": list, "timing": bool, "attention": str,
               "has_model": (bool, type(None)), "steps": (int, type(None)),

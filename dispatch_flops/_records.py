@@ -100,13 +100,18 @@ def bytes_only(signature: "Signature") -> tuple:
 
 def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
     """One call's ``PRICED`` counts: the formula's flops and MACs (zero without a formula),
-    the bytes moved. ``PricingError`` when the formula returns what is not a ``Cost`` of
-    integers >= 0."""
+    the bytes moved: the engine's figures unless the formula's ``Cost`` gives its own (an
+    op that touches part of a tensor). ``PricingError`` when the formula returns what is not
+    a ``Cost`` of integers >= 0."""
     cost = resolved.price(call)
     where = f"{resolved.func} with {_shapes_of(call)}"
     if not isinstance(cost, Cost):
         raise PricingError(f"{where}: the formula returned {cost!r}, not a "
                            "dispatch_flops.Cost(flops, macs)")
+    if cost.bytes_read is not None:
+        bytes_read = _count("bytes_read", cost.bytes_read, where)
+    if cost.bytes_written is not None:
+        bytes_written = _count("bytes_written", cost.bytes_written, where)
     values = {"flops": _count("flops", cost.flops, where),
               "macs": _count("macs", cost.macs, where),
               "bytes_read": bytes_read, "bytes_written": bytes_written}

@@ -29,6 +29,7 @@ from . import (  # noqa: F401  (registers)
     no_arithmetic,
     norms,
     optimizers,
+    partial,
     pointwise,
     pooling,
     random,

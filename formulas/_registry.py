@@ -35,6 +35,16 @@ A formula returns a ``Cost`` of integers >= 0 (numpy integers are taken as ints)
 raises, or returns anything else, loses nothing else of the run: its calls are reported
 unsupported, with the error, and a warning says so.
 
+Bytes. The engine counts every tensor input as read and every output as written (at its real
+size: an expanded dim counts once). An op that touches only part of a tensor says so in its
+``Cost``: ``bytes_read`` / ``bytes_written`` replace the engine's figure (``None`` keeps it).
+Partial writes (``copy_`` into a slice, ``index_copy_``, ``index_put_``, ``scatter_``) read
+their source and indices, the destination only where the op combines with it, and write the
+region they address; gathers (``embedding``) read the rows they look up. Such a formula counts
+dense bytes of the shapes it is given (``numel * dtype.itemsize``), so it names ``dtypes``.
+A no-arithmetic op may have a bytes formula too (``Registry.no_arithmetic(..., bytes=f)``):
+it stays in its category and its formula returns 0 flops.
+
 An op falls in exactly one of four categories, kept apart everywhere:
 
 * it has a formula (``FORMULA``);
@@ -61,10 +71,15 @@ from torch._ops import OpOverload, OpOverloadPacket
 
 
 class Cost(NamedTuple):
-    """What one op call costs in arithmetic. ``flops`` includes the ``2 * macs``."""
+    """What one op call costs. ``flops`` includes the ``2 * macs``. ``bytes_read`` and
+    ``bytes_written`` are ``None`` (the engine's rule: every tensor input read, every output
+    written) unless the op touches only part of a tensor; see "Bytes" in the module's
+    docstring."""
 
     flops: int
     macs: int = 0
+    bytes_read: Optional[int] = None
+    bytes_written: Optional[int] = None
 
 
 ZERO_COST = Cost(0, 0)
@@ -185,10 +200,14 @@ class Registry:
         return decorate
 
     def no_arithmetic(
-        self, ops: Iterable, movement: Movement, *, override: bool = False
+        self, ops: Iterable, movement: Movement, *, bytes: Optional[Formula] = None,
+        override: bool = False
     ) -> None:
-        """Declare ``ops`` as doing no arithmetic, moving memory as ``movement`` says."""
-        self._put(self._normalise(ops), Entry(Category.NO_ARITHMETIC, movement=movement), override)
+        """Declare ``ops`` as doing no arithmetic, moving memory as ``movement`` says; or, for
+        ops that touch part of a tensor, as ``bytes`` (a formula whose ``Cost`` has 0 flops
+        and the bytes read and written) says."""
+        self._put(self._normalise(ops),
+                  Entry(Category.NO_ARITHMETIC, bytes, movement=movement), override)
 
     def estimate(self, tag: torch.Tag, fn: Formula, *, override: bool = False) -> None:
         """Price ops that carry ``tag`` and have no formula with ``fn``, flagged as estimated.

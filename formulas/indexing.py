@@ -19,6 +19,11 @@ def _twins(*names: str) -> list:
     return [getattr(aten, n) for name in names for n in (name, name + "_") if hasattr(aten, n)]
 
 
+def _out_of_place(*names: str) -> list:
+    # the in-place twins write part of their destination: priced, bytes too, in partial.py
+    return [getattr(aten, n) for n in names if hasattr(aten, n)]
+
+
 @register_formula(aten.embedding_dense_backward)
 def embedding_dense_backward(grad_out, indices, num_weights, padding_idx, scale_grad_by_freq, *,
                              out_shape, **kw) -> Cost:
@@ -29,14 +34,20 @@ def embedding_dense_backward(grad_out, indices, num_weights, padding_idx, scale_
 
 @register_formula([aten._embedding_bag, aten._embedding_bag_forward_only, aten.embedding_bag])
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                  per_sample_weights=None, *args, out_shape, **kw) -> Cost:
+                  per_sample_weights=None, *args, out_shape, dtypes, **kw) -> Cost:
     # weight: [num, d]; each index's row is reduced (sum/mean: add, max: compare) into its bag;
     # per-sample weights multiply each row first; mean divides each bag's sum
     looked_up = numel(indices) * weight[-1]
     flops = looked_up * (1 + (per_sample_weights is not None))
     if mode == 1:
         flops += first_numel(out_shape)
-    return Cost(flops)
+    # reads the rows it looks up (at most the table: see partial.py), not the whole table
+    rows_read = min(numel(indices), weight[0]) * weight[-1] * dtypes[0].itemsize
+    read = rows_read + sum(numel(s) * d.itemsize for s, d in (
+        (indices, dtypes[1]), (offsets, dtypes[2]), (per_sample_weights, dtypes[6]
+                                                     if len(dtypes) > 6 else None))
+        if isinstance(s, torch.Size) and d is not None)
+    return Cost(flops, bytes_read=read)
 
 
 @register_formula([aten._embedding_bag_backward, aten._embedding_bag_dense_backward,
@@ -46,24 +57,24 @@ def embedding_bag_backward(grad, indices, *args, out_shape, **kw) -> Cost:
     return Cost(numel(indices) * grad[-1])
 
 
-@register_formula(_twins("scatter"))
+@register_formula(_out_of_place("scatter"))
 def scatter(x, dim, index, src, *args, out_shape, **kwargs) -> Cost:
     # scatter with reduce="add"/"multiply" combines each source element; without, a copy
     return Cost(numel(index) if kwargs.get("reduce", args[0] if args else None) else 0)
 
 
-@register_formula(_twins("scatter_add"))
+@register_formula(_out_of_place("scatter_add"))
 def scatter_add(x, dim, index, src, *, out_shape, **kw) -> Cost:
     return Cost(numel(index))
 
 
-@register_formula(_twins("scatter_reduce"))
+@register_formula(_out_of_place("scatter_reduce"))
 def scatter_reduce(x, dim, index, src, reduce, *args, out_shape, **kw) -> Cost:
     # one reduction per source element; mean divides each output element once
     return Cost(numel(index) + (first_numel(out_shape) if reduce == "mean" else 0))
 
 
-@register_formula(_twins("index_add"))
+@register_formula(_out_of_place("index_add"))
 def index_add(x, dim, index, source, *args, out_shape, **kwargs) -> Cost:
     alpha = kwargs.get("alpha", args[0] if args else 1)
     return Cost(numel(source) * (1 + (alpha != 1)))
@@ -99,7 +110,7 @@ def indexed_elements(x, indices, index_dtypes) -> int:
     return (numel(torch.broadcast_shapes(*shapes)) if shapes else 1) * kept
 
 
-@register_formula(_twins("index_put", "_index_put_impl", "_unsafe_index_put"))
+@register_formula(_out_of_place("index_put", "_unsafe_index_put"))
 def index_put(x, indices, values, accumulate=False, *args, out_shape, dtypes=None,
               **kw) -> Cost:
     # accumulate=True adds every value into its position; False only writes

@@ -2,9 +2,11 @@
 
 NONE: views, reshapes, metadata and uninitialised allocation move no bytes.
 COPY: reads its tensor inputs, writes its outputs (clone, cat, dtype/device copies, padding,
-      flips, and the gathers and scatters of indexing: ``embedding``, ``gather``, ``index``).
-      An indexing op is counted as reading its whole source: the counter does not see which
-      rows the indices select, so for ``embedding`` this is an upper bound.
+      flips, and the gathers and scatters of indexing: ``gather``, ``index``).
+      An indexing op is counted as reading its whole source (the rows its indices select
+      are tensor values), except ``embedding``: ``partial.py`` counts the rows it looks up.
+      ``copy``/``copy_``, ``index_copy_`` and ``embedding`` are declared in ``partial.py``
+      with the bytes they really move.
 WRITE: writes its outputs and reads nothing (zeros, ones, fill_).
 
 Indexing that accumulates (``index_put`` with ``accumulate=True``, ``scatter_add``,
@@ -69,7 +71,7 @@ ALLOCATION_OPS = _ops(
 )
 COPY_OPS = _ops(
     """
-    clone copy copy_ _to_copy contiguous cat stack _copy_from _copy_from_and_resize to
+    clone _to_copy contiguous cat stack _copy_from _copy_from_and_resize to
     lift lift_fresh_copy detach_copy view_copy t_copy transpose_copy permute_copy expand_copy
     unsqueeze_copy squeeze_copy slice_copy select_copy alias_copy as_strided_copy
     _unsafe_view_copy unbind_copy split_copy split_with_sizes_copy diagonal_copy
@@ -102,8 +104,8 @@ STORAGE_VIEW_OPS = _ops(
 # indexing: gathers and scatters that only move data
 INDEXING_OPS = _ops(
     """
-    embedding gather index index_select masked_select take take_along_dim _unsafe_index
-    index_copy index_copy_ index_fill index_fill_ masked_scatter masked_scatter_ select_scatter
+    gather index index_select masked_select take take_along_dim _unsafe_index
+    index_copy index_fill index_fill_ masked_scatter masked_scatter_ select_scatter
     slice_scatter diagonal_scatter as_strided_scatter max_unpool2d max_unpool3d
     slice_backward select_backward diagonal_backward _unsafe_masked_index
     """

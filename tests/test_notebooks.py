@@ -65,3 +65,13 @@ def test_training_and_roofline(kernel, tmp_path):
     book, seconds = execute("training_and_roofline.ipynb", kernel, tmp_path)
     assert images(book) == 2
     print(f"training_and_roofline.ipynb ran in {seconds:.1f} s")
+
+
+def test_llm_inference(kernel, tmp_path):
+    pytest.importorskip("transformers")
+    book, seconds = execute("llm_inference.ipynb", kernel, tmp_path)
+    assert images(book) == 2  # flops and bytes per position; prefill vs decode roofline
+    text = "".join(o.get("text", "") for c in book.cells if c.cell_type == "code"
+                   for o in c.outputs)
+    assert "decode 5." in text and "(memory-bound)" in text and "tokens/s" in text
+    print(f"llm_inference.ipynb ran in {seconds:.1f} s")
