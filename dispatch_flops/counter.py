@@ -81,6 +81,8 @@ class FlopCounter:
         self._saved_hooks = None
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts) at exit
         self._profile: Optional[Profile] = None
+        # with no model, name every module called, torch's way (FlopCounterMode sets it)
+        self._every_module = False
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "FlopCounter":
@@ -92,7 +94,7 @@ class FlopCounter:
         mode = CountingMode(self.registry, causal, runner)
         ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, causal, timer)
         try:
-            tracker = ModuleTracker(self.model, mode, timer, ledger)
+            tracker = ModuleTracker(self.model, mode, timer, ledger, self._every_module)
             mode.bind(tracker)
             tracker.attach()
         except BaseException:
