@@ -55,33 +55,63 @@ class FlopsProfiler:
 
     or ``with FlopsProfiler(model) as prof: model(batch)``. ``mp_size`` (default: the
     ``ds_engine``'s, else 1) scales the "of model" lines; ``batch_size`` gives samples/second;
-    ``timing=False`` leaves latencies out ('-').
+    ``timing=False`` leaves latencies out ('-'). The flops figures (``get_total_flops()``,
+    ``.flops``, the printout's) are DeepSpeed's: 2 x MACs of the contraction ops, here of every
+    contraction kernel the model runs; ``counter.total.flops`` has every op's arithmetic.
+    ``recompute_fwd_factor`` is accepted for DeepSpeed's engine, which passes it: recompute
+    is measured here, not estimated.
     """
 
-    def __init__(self, model: nn.Module, ds_engine=None, *, mp_size: Optional[int] = None,
-                 batch_size: Optional[int] = None, timing: bool = True):
+    def __init__(self, model: nn.Module, ds_engine=None, recompute_fwd_factor: float = 0.0, *,
+                 mp_size: Optional[int] = None, batch_size: Optional[int] = None,
+                 timing: bool = True):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if mp_size is None:
-            mp_size = getattr(ds_engine, "mp_world_size", None) or 1
-        check_int("mp_size", mp_size, 1)
-        if batch_size is None and ds_engine is not None:
-            micro_batch = getattr(ds_engine, "train_micro_batch_size_per_gpu", None)
-            batch_size = micro_batch() if callable(micro_batch) else None
+        if mp_size is not None:
+            check_int("mp_size", mp_size, 1)
         if batch_size is not None:
             check_int("batch_size", batch_size, 1)
         if not isinstance(timing, bool):
             raise TypeError(f"timing must be True or False, got {timing!r}")
+        if isinstance(recompute_fwd_factor, bool) or not isinstance(
+                recompute_fwd_factor, (int, float)) or recompute_fwd_factor < 0:
+            raise ValueError(f"recompute_fwd_factor must be a number >= 0, got "
+                             f"{recompute_fwd_factor!r}")
         self.model = model
-        self.ds_engine = ds_engine
-        self.mp_size = mp_size
-        self.batch_size = batch_size
+        self.ds_engine = ds_engine  # DeepSpeed's engine, or None; may be set later, as there
+        # DeepSpeed's estimate of recompute (bwd = (2 + factor) x fwd); kept for code that
+        # reads it: backward and recompute are measured here when profiled
+        self.recompute_fwd_factor = recompute_fwd_factor
+        self._mp_size = mp_size
+        self._batch_size = batch_size
         self.timing = timing
         self.started = False  # DeepSpeed's flag: a profile is running
+        # DeepSpeed's figures of the last print_model_profile: fwd flops (2 x MACs), MACs,
+        # params; None before
+        self.flops: Optional[int] = None
+        self.macs: Optional[int] = None
+        self.params: Optional[int] = None
         self._ignore: tuple = ()
         self._hidden: frozenset = frozenset()
         self._counter: Optional[FlopCounter] = None
         self._recorder: Optional[ActivationRecorder] = None
+
+    @property
+    def mp_size(self) -> int:
+        """Model-parallel size: the constructor's, else the engine's ``mp_world_size``, else
+        1."""
+        if self._mp_size is not None:
+            return self._mp_size
+        return getattr(self.ds_engine, "mp_world_size", None) or 1
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """Samples per device: the constructor's, else the engine's
+        ``train_micro_batch_size_per_gpu()``, else None."""
+        if self._batch_size is not None:
+            return self._batch_size
+        micro_batch = getattr(self.ds_engine, "train_micro_batch_size_per_gpu", None)
+        return micro_batch() if callable(micro_batch) else None
 
     # -- lifecycle --------------------------------------------------------------------------
     def start_profile(self, ignore_list=None) -> None:
@@ -145,8 +175,9 @@ class FlopsProfiler:
         return self._counter.by_phase()[phase] if self._counter is not None else None
 
     def get_total_flops(self, as_string: bool = False):
-        """Forward flops (DeepSpeed's meaning); backward is ``counter.by_phase()``'s."""
-        flops = self._phase(FORWARD).flops if self._counter is not None else 0
+        """Forward flops as DeepSpeed counts them: 2 x MACs (``counter.by_phase()`` has the
+        all-ops flops of every phase)."""
+        flops = 2 * self._phase(FORWARD).macs if self._counter is not None else 0
         return human(flops, compact=True) if as_string else flops
 
     def get_total_macs(self, as_string: bool = False):
@@ -195,6 +226,9 @@ class FlopsProfiler:
         aggregated profile; ``module_ops`` lists the ops each module ran directly."""
         text = self.model_profile(profile_step, module_depth, top_modules, detailed,
                                   module_ops=module_ops)
+        self.flops = self.get_total_flops()
+        self.macs = self.get_total_macs()
+        self.params = self.get_total_params()
         if output_file:
             with open(output_file, "w") as f:
                 f.write(text)
@@ -202,11 +236,22 @@ class FlopsProfiler:
             print(text, end="")
 
     def _world(self) -> Optional[World]:
-        if not (dist.is_available() and dist.is_initialized()):
+        """The world / dp / mp sizes: the engine's whenever one is given (DeepSpeed's rule;
+        dp is its sequence-data-parallel size when ``dp_world_size`` is None, as under
+        Ulysses), else torch.distributed's when initialised (dp = world / mp), else None."""
+        engine, mp_size = self.ds_engine, self.mp_size
+        initialised = dist.is_available() and dist.is_initialized()
+        if engine is None and not initialised:
             return None
-        world_size = getattr(self.ds_engine, "world_size", None) or dist.get_world_size()
-        dp_size = getattr(self.ds_engine, "dp_world_size", None) or world_size // self.mp_size
-        return World(world_size, dp_size, self.mp_size)
+        world_size = getattr(engine, "world_size", None)
+        if world_size is None:
+            world_size = dist.get_world_size() if initialised else 1
+        dp_size = getattr(engine, "dp_world_size", None)
+        if dp_size is None:
+            dp_size = getattr(engine, "seq_dp_world_size", None)
+        if dp_size is None:
+            dp_size = max(world_size // mp_size, 1)
+        return World(world_size, dp_size, mp_size)
 
 
 def _input(model: nn.Module, input_shape) -> torch.Tensor:
@@ -236,6 +281,7 @@ def get_model_profile(
     ignore_modules=None,
     func_name: str = "forward",
     *,
+    mode: Optional[str] = None,
     mp_size: Optional[int] = None,
     batch_size: Optional[int] = None,
     module_ops: bool = True,
@@ -247,12 +293,20 @@ def get_model_profile(
     >>> flops, macs, params = get_model_profile(model, input_shape=(1, 3, 224, 224))
     >>> get_model_profile(model, kwargs=inputs, func_name="generate", print_profile=False)
 
-    ``input_shape`` builds one tensor of ones (the model's parameter dtype and device) as the
+    ``mode`` is DeepSpeed's current name for ``func_name`` (the flops-profiler package's):
+    give either. ``input_shape`` builds one tensor of ones (the model's parameter dtype and device) as the
     only positional argument. The model's train/eval flags and hooks are restored after.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_int("warm_up", warm_up, 0)
+    if mode is not None:
+        if func_name != "forward" and func_name != mode:
+            raise ValueError(f"mode={mode!r} and func_name={func_name!r} name the method to "
+                             f"profile twice: give one")
+        func_name = mode
+    if not isinstance(func_name, str):
+        raise TypeError(f"mode / func_name must be a method name, got {func_name!r}")
     args = list(args) if args is not None else []
     kwargs = dict(kwargs) if kwargs is not None else {}
     if input_shape is not None:

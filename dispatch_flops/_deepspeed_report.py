@@ -36,9 +36,9 @@ _NOTES = (
     "Note: 1. A module can run torch.nn.functional or tensor ops directly, not through a "
     "submodule: they make up the difference between a parent's MACs (or latency) and the sum "
     "of its submodules'.",
-    "2. flops count every op's arithmetic (1 MAC = 2 flops, plus element-wise work such as "
-    "softmax and normalisation), thus FLOPS computed using them could be larger than the "
-    "maximum system throughput.",
+    "2. flops are 2 * MACs of the contraction ops (matmul, convolution, attention, recurrent "
+    "kernels), DeepSpeed's figure; the 'ops' lists and the step line give each op's "
+    "arithmetic, element-wise work (softmax, normalisation, bias adds, optimizer) included.",
     "3. A module's fwd latency is the time spent inside its forward calls, hook to hook; the "
     "top module's is the fwd latency above. Latencies show '-' when timing was off.",
     "4. Activation bytes are the bytes of the tensors a module's forward returns, summed over "
@@ -51,7 +51,8 @@ _OPS_NOTE = (" 'ops' lists those aten ops with their flops, MACs, latency, FLOPS
 
 @dataclass(frozen=True)
 class World:
-    """Process-group sizes, printed when ``torch.distributed`` is initialised."""
+    """Process-group sizes, printed when an engine is given or ``torch.distributed`` is
+    initialised."""
 
     world_size: int
     dp_size: int
@@ -104,7 +105,8 @@ class ProfileView:
         root = self.forward.get(ROOT)
         self.total_params = self.params[ROOT]
         self.total_macs = self.phases[FORWARD].macs
-        self.total_flops = self.phases[FORWARD].flops
+        self.total_flops = 2 * self.total_macs  # DeepSpeed's figure
+        self.total_op_flops = self.phases[FORWARD].flops  # every op's, for the ops lists
         self.total_latency = root.latency_s if root is not None else None
         self.own_ops = self._own_ops()
 
@@ -126,7 +128,8 @@ class ProfileView:
         """The profile items printed after module ``name``'s class name."""
         m = self.forward.get(name)
         params = self.params[name]
-        macs, flops = (m.macs, m.flops) if m is not None else (0, 0)
+        macs = m.macs if m is not None else 0
+        flops = 2 * macs
         latency = m.latency_s if m is not None else None
         act = self.activations.get(name)
         items = [
@@ -155,7 +158,7 @@ class ProfileView:
                 "MACs": human(s.macs, "MACs", compact=True),
                 "latency": _latency(s.latency_s),
                 "FLOPS": _rate(s.flops, s.latency_s),
-                "flops%": percent(s.flops, self.total_flops),
+                "flops%": percent(s.flops, self.total_op_flops),
                 "latency%": percent(s.latency_s, self.total_latency)
                 if s.latency_s is not None else "-",
             }
@@ -182,31 +185,33 @@ class ProfileView:
             _line("params of model = params per device * mp_size:",
                   human(self.total_params * mp_size, compact=True)),
             _line("fwd MACs per device:", human(fwd.macs, "MACs", compact=True)),
-            _line("fwd flops per device:", human(fwd.flops, compact=True)),
+            _line("fwd flops per device:", human(2 * fwd.macs, compact=True)),
             _line("fwd flops of model = fwd flops per device * mp_size:",
-                  human(fwd.flops * mp_size, compact=True)),
+                  human(2 * fwd.macs * mp_size, compact=True)),
             _line("fwd latency:", _latency(fwd_latency)),
             _line("fwd FLOPS per device = fwd flops per device / fwd latency:",
-                  _rate(fwd.flops, fwd_latency)),
+                  _rate(2 * fwd.macs, fwd_latency)),
         ]
         iteration = [fwd_latency]
         if bwd.calls:
             lines += [
                 _line("bwd MACs per device:", human(bwd.macs, "MACs", compact=True)),
-                _line("bwd flops per device:", human(bwd.flops, compact=True)),
+                _line("bwd flops per device:", human(2 * bwd.macs, compact=True)),
                 _line("bwd latency:", _latency(bwd.latency_s)),
                 _line("bwd FLOPS per device = bwd flops per device / bwd latency:",
-                      _rate(bwd.flops, bwd.latency_s)),
+                      _rate(2 * bwd.macs, bwd.latency_s)),
                 _line("fwd+bwd FLOPS per device = fwd+bwd flops / fwd+bwd latency:",
-                      _rate(fwd.flops + bwd.flops, _sum_latency(fwd_latency, bwd.latency_s))),
+                      _rate(2 * (fwd.macs + bwd.macs),
+                            _sum_latency(fwd_latency, bwd.latency_s))),
             ]
             iteration.append(bwd.latency_s)
         if recompute.calls:
-            lines += [_line("recompute flops per device:", human(recompute.flops, compact=True)),
+            lines += [_line("recompute flops per device:",
+                            human(2 * recompute.macs, compact=True)),
                       _line("recompute latency:", _latency(recompute.latency_s))]
             iteration.append(recompute.latency_s)
         if step.calls:
-            lines += [_line("step flops per device:", human(step.flops, compact=True)),
+            lines += [_line("step flops per device (all ops):", human(step.flops, compact=True)),
                       _line("step latency:", _latency(step.latency_s))]
             iteration.append(step.latency_s)
         iter_latency = _sum_latency(*iteration)
@@ -230,7 +235,7 @@ class ProfileView:
                 continue
             m = self.forward.get(name)
             act = self.activations.get(name)
-            figures = [self.params[name], m.macs if m else 0, m.flops if m else 0,
+            figures = [self.params[name], m.macs if m else 0, 2 * m.macs if m else 0,
                        m.latency_s if m else None, act.output_bytes if act else 0]
             groups = by_depth.setdefault(depth, {})
             group = groups.setdefault(module._get_name(), [0, 0, 0, None, 0])

@@ -100,6 +100,18 @@ def _check_phase(phase: Optional[str]) -> None:
         raise ValueError(f"phase must be one of {PHASES} or None (all phases), got {phase!r}")
 
 
+UTILISATION_FLOPS = ("contraction", "all")  # mfu/hfu numerators: 2 x MACs, or every op's
+
+
+def _flops_figure(flops: str):
+    """The ``Stats`` -> flops figure ``mfu``/``hfu`` divide: 2 x MACs or all-ops flops."""
+    if flops == "contraction":
+        return lambda stats: 2 * stats.macs
+    if flops == "all":
+        return lambda stats: stats.flops
+    raise ValueError(f"flops must be one of {UTILISATION_FLOPS}, got {flops!r}")
+
+
 def as_profile(run) -> "Profile":
     """A Profile, or a counter's (``to_profile()``)."""
     if isinstance(run, Profile):
@@ -390,13 +402,22 @@ class Profile(TorchCompat):
         spec, dtype = self.device(device), dtype or self.dtype
         return {name: spec.roofline(m.inclusive, dtype) for name, m in self.by_module().items()}
 
-    def mfu(self, device: Optional[DeviceSpec] = None, dtype=None) -> float:
-        """Model flops utilisation: ``model_flops()`` / (wall time of the block x peak)."""
-        return self._utilisation("mfu", self.model_flops(), device, dtype)
+    def mfu(self, device: Optional[DeviceSpec] = None, dtype=None, *,
+            flops: str = "contraction") -> float:
+        """Model flops utilisation: forward + backward flops / (wall time of the block x
+        peak). ``flops="contraction"`` (default): 2 x MACs, the field's model flops (PaLM,
+        Megatron, torchtitan count the contractions); ``flops="all"``: ``model_flops()``,
+        every op's arithmetic (element-wise work too)."""
+        phases = self.by_phase()
+        figure = _flops_figure(flops)
+        return self._utilisation("mfu", sum(figure(phases[p]) for p in MODEL_PHASES),
+                                 device, dtype)
 
-    def hfu(self, device: Optional[DeviceSpec] = None, dtype=None) -> float:
-        """Hardware flops utilisation: ``hardware_flops()`` / (wall time x peak)."""
-        return self._utilisation("hfu", self.hardware_flops(), device, dtype)
+    def hfu(self, device: Optional[DeviceSpec] = None, dtype=None, *,
+            flops: str = "contraction") -> float:
+        """Hardware flops utilisation: every flop executed (recompute and optimizer too) /
+        (wall time x peak); ``flops`` as in ``mfu`` (``"all"``: ``hardware_flops()``)."""
+        return self._utilisation("hfu", _flops_figure(flops)(self.total), device, dtype)
 
     def _utilisation(self, what: str, flops: int, device, dtype) -> float:
         self._require_timing(what)

@@ -232,7 +232,7 @@ class ModuleTracker:
     """
 
     def __init__(self, model: Optional[nn.Module], mode, timer=None,
-                 ledger: Optional[Ledger] = None, guard=None):
+                 ledger: Optional[Ledger] = None, guard=None, every_module: bool = False):
         self.model = model
         # what a counter sees: module calls of the thread that entered it (and autograd's
         # threads running its backward); when it was entered in a generator or coroutine
@@ -240,6 +240,8 @@ class ModuleTracker:
         self.thread = _get_ident()
         self.guard = guard
         self._calls: list[tuple] = []  # (Frame, frame of the hook's caller) per module call
+        # no model: name every module called, as torch's ModuleTracker does (``_discover``)
+        self.every_module = every_module and model is None
         self.mode = mode
         self.timer = timer
         self._open: list = []  # (frame, start mark) of module calls running, when timing
@@ -285,9 +287,10 @@ class ModuleTracker:
         try:
             self._handles.append(register_optimizer_step_pre_hook(self._step_begins))
             self._handles.append(register_optimizer_step_post_hook(self._step_ends))
-            if self.model is None:
+            if self.model is None and not self.every_module:
                 return
-            self._name_of, self._modules = walk_modules(self.model)
+            if self.model is not None:
+                self._name_of, self._modules = walk_modules(self.model)
             self._handles.append(register_module_forward_pre_hook(self._push))
             self._handles.append(register_module_forward_hook(self._pop, always_call=True))
         except BaseException:
@@ -341,10 +344,26 @@ class ModuleTracker:
             return _current_node() is not None
         return self.guard is None or running(self.guard, start)
 
+    def _discover(self, module: nn.Module) -> str:
+        """Name a module first called with no model given, torch's way: its class name, and
+        ``"<its name>.<child>"`` for everything inside it not named yet."""
+        top = type(module).__name__
+        relative, modules = walk_modules(module)
+        for m in modules:
+            if id(m) not in self._name_of:
+                rel = relative[id(m)]
+                self._name_of[id(m)] = top + "." + rel if rel else top
+                self._modules.append(m)  # keeps it alive: ids stay unique while counting
+        self._param_owner = None  # parameters of new modules: build the map again
+        self._accumulation_frames.clear()
+        return self._name_of[id(module)]
+
     def _push(self, module, args) -> None:
         name = self._name_of.get(id(module))
         if name is None:  # not one of the model's modules: ops stay with the enclosing one
-            return
+            if not self.every_module:
+                return
+            name = self._discover(module)
         caller = _getframe(1)
         if (_get_ident() != self.thread or self.guard is not None) and not self.sees(caller):
             return
@@ -528,6 +547,8 @@ class ModuleTracker:
     def names(self) -> tuple:
         """The model's module names in ``named_modules()`` order (the root alone without a
         model)."""
+        if self.every_module:
+            return (ROOT,) + tuple(self._name_of.values())
         return tuple(self._name_of.values()) if self._name_of else (ROOT,)
 
     def types_and_params(self) -> tuple[tuple, tuple]:
@@ -536,6 +557,10 @@ class ModuleTracker:
         modules stay the same."""
         if not self._modules:
             return ("",), (0,)
+        if self.every_module:  # the root: everything, no module of its own
+            types = ("",) + tuple(type(m).__name__ for m in self._modules)
+            return types, (0,) + tuple(sum(p.numel() for p in m.parameters())
+                                       for m in self._modules)
         modules = tuple(map(id, self._modules))
         cached = self.ledger.params
         if cached is None or cached[0] != modules:

@@ -86,6 +86,8 @@ class FlopCounter:
         self._relay = None  # the Relay this counter put under the mode below it, if nested
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts) at exit
         self._profile: Optional[Profile] = None
+        # with no model, name every module called, torch's way (FlopCounterMode sets it)
+        self._every_module = False
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "FlopCounter":
@@ -98,13 +100,13 @@ class FlopCounter:
             runner = Relayed(timer)
         causal = self.attention == "causal"
         # entered in a generator or coroutine: count only while it runs (see GuardedCountingMode)
-        caller = sys._getframe(1)
+        caller = _user_frame()
         guard = caller if suspendable(caller) else None
         mode = (GuardedCountingMode if guard is not None else CountingMode)(
             self.registry, causal, runner)
         ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, causal, timer)
         try:
-            tracker = ModuleTracker(self.model, mode, timer, ledger, guard)
+            tracker = ModuleTracker(self.model, mode, timer, ledger, guard, self._every_module)
             mode.bind(tracker)
             tracker.attach()
         except BaseException:
@@ -288,6 +290,16 @@ _ALREADY = object()  # a relay below already serves this counter: nothing to und
 def _unrelay(relay) -> None:
     if isinstance(relay, Relay) and relay.mode.runner is relay:
         relay.mode.runner = relay.runner
+
+
+def _user_frame():
+    """The innermost frame outside this package: where the user entered the counter (through
+    a subclass or ``FlopsProfiler.start_profile`` too)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(
+            "dispatch_flops."):
+        frame = frame.f_back
+    return frame
 
 
 # Every other view is the Profile's, asked through to_profile(): the counter keeps them so

@@ -1,9 +1,11 @@
 """The DeepSpeed-compatible API and printout: get_model_profile, FlopsProfiler, the torch
 FlopCounterMode surface, activation bytes and shapes, and the number formatter."""
 
+import os
 import re
 import socket
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -98,10 +100,11 @@ def test_golden_training_step_profile(golden):
     text = prof.model_profile(profile_step=3, module_depth=1, module_ops=False)
     golden("deepspeed_gpt_train_step.txt", text)
     phases = prof.counter.by_phase()
-    assert summary_value(text, "bwd flops per device:") == human(phases[BACKWARD].flops,
+    # flops lines are DeepSpeed's figure, 2 x MACs; the optimizer has no MACs: its all-ops
+    assert summary_value(text, "bwd flops per device:") == human(2 * phases[BACKWARD].macs,
                                                                  compact=True)
-    assert summary_value(text, "step flops per device:") == human(phases[OPTIMIZER].flops,
-                                                                  compact=True)
+    assert summary_value(text, "step flops per device (all ops):") == human(
+        phases[OPTIMIZER].flops, compact=True)
 
 
 def test_printed_module_numbers_equal_by_module():
@@ -125,7 +128,7 @@ def test_printed_module_numbers_equal_by_module():
         assert params == human(m.params, compact=True), name
         assert macs == human(m.macs, "MACs", compact=True), name
         assert latency == duration(m.latency_s, compact=True), name
-        assert flops_s == human(m.flops / m.latency_s, "FLOPS", compact=True), name
+        assert flops_s == human(2 * m.macs / m.latency_s, "FLOPS", compact=True), name
         output_bytes = acts[name].output_bytes if name in acts else 0  # containers: none
         assert act == human(output_bytes, "B", compact=True) + " activation", name
     assert summary_value(text, "fwd latency:") == duration(modules[ROOT].latency_s, compact=True)
@@ -234,7 +237,7 @@ def test_func_name_profiles_any_method():
         model.generate(x, steps=3)
     flops, macs, _ = get_model_profile(model, args=[x], kwargs={"steps": 3}, print_profile=False,
                                        func_name="generate", as_string=False)
-    assert (flops, macs) == (fc.by_phase()[FORWARD].flops, fc.by_phase()[FORWARD].macs)
+    assert (flops, macs) == (2 * fc.by_phase()[FORWARD].macs, fc.by_phase()[FORWARD].macs)
     assert macs == 3 * 2 * 8 * 4
 
 
@@ -295,8 +298,8 @@ def test_backward_inside_the_profile_is_measured():
                                                                 compact=True)
     assert summary_value(text, "bwd latency:") == duration(phases[BACKWARD].latency_s,
                                                            compact=True)
-    assert summary_value(text, "step flops per device:") == human(phases[OPTIMIZER].flops,
-                                                                  compact=True)
+    assert summary_value(text, "step flops per device (all ops):") == human(
+        phases[OPTIMIZER].flops, compact=True)
     assert "fwd+bwd FLOPS per device" in text and "iter latency:" in text
     prof.end_profile()
 
@@ -339,3 +342,65 @@ def test_no_world_lines_without_a_process_group():
     with prof:
         model(torch.ones(1, 8))
     assert "world size" not in prof.model_profile(detailed=False)
+
+
+# -- DeepSpeed's engine surface -------------------------------------------------------------
+def engine(**sizes):
+    """What DeepSpeed's profiler reads from its engine (a stand-in, no deepspeed needed)."""
+    fields = dict(world_size=8, dp_world_size=2, seq_dp_world_size=None, mp_world_size=1,
+                  has_moe_layers=False, train_micro_batch_size_per_gpu=lambda: 3,
+                  wall_clock_breakdown=lambda: False)
+    fields.update(sizes)
+    return SimpleNamespace(**fields)
+
+
+def test_engine_builds_the_profiler_and_reads_flops_macs_params():
+    """FlopsProfiler(module, engine, recompute_fwd_factor), positionally as the engine builds
+    it; print_model_profile (here while still profiling, as the engine may) sets .flops
+    (2 x MACs), .macs and .params, DeepSpeed's figures: a Linear(10, 10) on 3 rows is 300
+    MACs; its bias add and the loss are in counter.total.flops only."""
+    model = nn.Sequential(nn.Linear(10, 10))
+    prof = FlopsProfiler(model, engine(), 0.5)
+    assert (prof.flops, prof.macs, prof.params, prof.recompute_fwd_factor) == (None, None,
+                                                                              None, 0.5)
+    prof.start_profile()
+    nn.functional.cross_entropy(model(torch.randn(3, 10)), torch.tensor([0, 1, 2]))
+    text = prof.model_profile(detailed=False)
+    prof.print_model_profile(detailed=False, output_file=os.devnull)
+    assert (prof.flops, prof.macs, prof.params) == (2 * 300, 300, 10 * 10 + 10)
+    assert prof.counter.by_phase()[FORWARD].flops > prof.flops
+    assert summary_value(text, "fwd flops per device:") == "600"
+    assert summary_value(text, "batch size per device:") == "3"
+    prof.end_profile()
+    with pytest.raises(ValueError, match="recompute_fwd_factor"):
+        FlopsProfiler(model, None, -1.0)
+
+
+def test_world_lines_whenever_an_engine_is_given():
+    """No process group: the engine's sizes are printed; dp is the sequence-data-parallel size
+    when the engine's dp size is None (Ulysses); an engine set after construction counts."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    prof = FlopsProfiler(model, timing=False)
+    prof.ds_engine = engine(dp_world_size=None, seq_dp_world_size=4, mp_world_size=2)
+    with prof:
+        model(torch.ones(2, 4))
+    text = prof.model_profile(detailed=False)
+    for label, value in (("world size:", "8"), ("data parallel size:", "4"),
+                         ("model parallel size:", "2")):
+        assert summary_value(text, label) == value, label
+    assert summary_value(text, "params of model = params per device * mp_size:") == "40"
+    prof.ds_engine = engine()
+    assert summary_value(prof.model_profile(detailed=False), "data parallel size:") == "2"
+
+
+def test_mode_names_the_method_as_func_name_does():
+    """get_model_profile(mode=...) is DeepSpeed's name for func_name."""
+    model = Tiny()
+    x = torch.ones(2, 8)
+    by_mode = get_model_profile(model, args=[x], print_profile=False, mode="generate",
+                                as_string=False)
+    by_name = get_model_profile(model, args=[x], print_profile=False, func_name="generate",
+                                as_string=False)
+    assert by_mode == by_name and by_mode[1] == 3 * 2 * 8 * 4  # three forwards of fc
+    with pytest.raises(ValueError, match="give one"):
+        get_model_profile(model, args=[x], func_name="generate", mode="forward")

@@ -124,7 +124,13 @@ def test_roofline_closed_form():
     assert rooflines["aten.mm"].efficiency == pytest.approx(
         rooflines["aten.mm"].attainable_s / mm.latency_s)
     assert rooflines["aten.add"].bound == MEMORY_BOUND
-    assert fc.mfu(spec, torch.float32) == pytest.approx(fc.total.flops / (fc.wall_s * 1e9))
+    # the default numerator is 2 x MACs (the mm's 64^3), "all" adds the add's 64^2 flops
+    assert fc.mfu(spec, torch.float32) == pytest.approx(2 * 64**3 / (fc.wall_s * 1e9))
+    assert fc.mfu(spec, torch.float32, flops="all") == pytest.approx(
+        fc.total.flops / (fc.wall_s * 1e9)) == pytest.approx((2 * 64**3 + 64**2) / (fc.wall_s * 1e9))
+    assert fc.hfu(spec, torch.float32) == fc.mfu(spec, torch.float32)  # no optimizer, recompute
+    with pytest.raises(ValueError, match="contraction"):
+        fc.mfu(spec, torch.float32, flops="model")
 
 
 def test_device_table_and_bad_specs():
