@@ -26,6 +26,7 @@ from ._skip import SKIP_FRAMES as _SKIP_FRAMES
 from dispatch_flops.formulas import SparseInfo
 
 from ._records import CALLS, NS, SIGNATURE, Signature, engine_cache
+from ._results import PRICED
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from ._tracker import RECOMPUTE_I, phase_of, running
 from ._tracker import top_saved_tensors_hooks as _top_saved_tensors_hooks
@@ -166,7 +167,10 @@ def _work_out(resolved, args, kwargs, out) -> Signature:
         if isinstance(a, Tensor) and a.is_nested:
             raise _EXOTIC
     call = formula_call(args, kwargs, out, resolved) if resolved.kind == FORMULA else None
-    return Signature(call, *moved_bytes(resolved, args, kwargs, out))
+    signature = Signature(call, *moved_bytes(resolved, args, kwargs, out))
+    if resolved.decompose is not None:
+        resolved.decompose(signature, args, kwargs)
+    return signature
 
 
 # -- the slow path: tensors the hot path cannot key ------------------------------------------
@@ -305,7 +309,7 @@ def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> Signat
 
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
-                 "with_layouts", "write_only", "mutated", "out_in_signature")
+                 "with_layouts", "write_only", "mutated", "out_in_signature", "decompose")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
                  out_in_signature, with_layouts=False):
@@ -329,6 +333,9 @@ class _Resolved:
         # the output's shape is not a function of the inputs' (nonzero, masked_select), or
         # the op is the user's and we cannot know: then it is part of the signature
         self.out_in_signature = out_in_signature
+        # for a composite op (seen whole under inference_mode): prices a call by counting
+        # its decomposition (``CountingMode._decomposed``); None for every other op
+        self.decompose = None
 
     def unpriced(self) -> "_Resolved":
         """The same op, for calls no formula can price: unsupported (bytes counted)."""
@@ -421,10 +428,46 @@ class CountingMode(TorchDispatchMode):
         out_in_signature = (
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
-        resolved = self.resolved[id(func)] = _Resolved(
-            func, entry.category, kind, formula, with_dtypes, write_only, out_in_signature,
-            with_layouts)
+        resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
+                             out_in_signature, with_layouts)
+        if _decomposable(func, entry):
+            resolved.category, resolved.kind = Category.FORMULA, FORMULA
+            resolved.decompose = partial(self._decomposed, func)
+        self.resolved[id(func)] = resolved
         return resolved
+
+    def _decomposed(self, func, signature: Signature, args, kwargs) -> None:
+        """Price ``signature`` (a call of composite op ``func`` with ``args``) by what its
+        decomposition counts: the composite's kernel run on fake copies of the tensors (same
+        shapes, dtypes and device, no data), under a counting mode of its own, as no_grad would
+        run it. Its bytes stay the composite's
+        own (inputs read, outputs written: what a fused kernel would move). A decomposition
+        that fails leaves the call priced by the op's formula, or unsupported."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        to_fake = (lambda v: fake.from_tensor(v) if isinstance(v, Tensor) else
+                   [to_fake(x) for x in v] if v.__class__ in (list, tuple) else v)
+        inner = CountingMode(self.registry, self.causal_unmasked_only)
+        inner.forward_acc, inner._book, inner.recomputing = {}, [], False
+        try:
+            fake_args = [to_fake(a) for a in args]
+            fake_kwargs = {k: to_fake(v) for k, v in (kwargs or {}).items()}
+            with torch.no_grad(), fake, inner:  # fake tensors keep the device: same kernels
+                # the C++ composite kernel, as eager runs it (``decompose`` would prefer a
+                # Python decomposition registered for tracing, which may differ)
+                func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
+                            **fake_kwargs)
+            flops = macs = 0
+            for key, rec in inner.forward_acc.items():
+                if rec[SIGNATURE] is not None:
+                    op = key if key.__class__ is int else key[0]
+                    unit = dict(zip(PRICED, rec[SIGNATURE].unit(inner.resolved[op])))
+                    flops += rec[CALLS] * unit["flops"]
+                    macs += rec[CALLS] * unit["macs"]
+        except Exception:  # data-dependent, or a kernel meta cannot run: the formula prices
+            return
+        signature.set_cost(flops, macs)
 
     def _exotic_record(self, key: int, resolved: _Resolved, acc: dict, args, kwargs, out):
         """The record of a call the hot path cannot key (see ``_exotic_call``); a call no
@@ -528,6 +571,23 @@ class CountingMode(TorchDispatchMode):
         else:  # the runner counts the call and its time (NS), under a lock where it needs one
             runner.add(rec, 1, elapsed)
         return out
+
+
+def _decomposable(func, entry) -> bool:
+    """Whether ``func`` is a composite (CompositeImplicitAutograd: it reaches the mode whole
+    only under inference_mode) priced by counting its decomposition: one with a built-in
+    formula, an estimate, or none (a formula of the user's is kept; a no-arithmetic op stays
+    one)."""
+    if entry.category is Category.NO_ARITHMETIC or func.namespace != "aten":
+        return False
+    if entry.category is Category.FORMULA and not getattr(
+            entry.formula, "__module__", "").startswith("dispatch_flops.formulas"):
+        return False
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                              "CompositeImplicitAutograd")
+    except RuntimeError:  # an overload with no C++ registration (a Python-only twin)
+        return False
 
 
 class GuardedCountingMode(CountingMode):

@@ -57,6 +57,12 @@ class Signature:
         self.bytes_written = bytes_written
         self._unit = None
 
+    def set_cost(self, flops: int, macs: int) -> None:
+        """Price the call now, with these flops and MACs (a composite's decomposition)."""
+        values = {"flops": flops, "macs": macs, "bytes_read": self.bytes_read,
+                  "bytes_written": self.bytes_written}
+        self._unit = tuple(values[name] for name in PRICED)
+
     def unit(self, resolved) -> tuple:
         """What one call counts, in ``PRICED`` order (``resolved``: the op's resolution);
         ``PricingError`` when its formula fails (raised again on every read)."""

@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (registers)
     fft,
     fused,
     indexing,
+    linalg,
     losses,
     matmul,
     no_arithmetic,

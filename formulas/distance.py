@@ -25,15 +25,21 @@ def _per_coordinate(p: float) -> tuple[int, int]:
     return 4, 1
 
 
+def _batch(x1, x2) -> int:
+    """Batch elements of a pairwise distance: x1 [*b1, P, M] and x2 [*b2, R, M] broadcast
+    their batch dims."""
+    return numel(torch.broadcast_shapes(tuple(x1[:-2]), tuple(x2[:-2])))
+
+
 def direct_cost(x1, x2, p: float) -> int:
-    # x1: [*b, P, M], x2: [*b, R, M]
-    pairs = numel(x1[:-1]) * x2[-2]
+    # x1: [*b, P, M], x2: [*b, R, M] (batch dims broadcast)
+    pairs = _batch(x1, x2) * x1[-2] * x2[-2]
     per_coordinate, per_pair = _per_coordinate(p)
     return pairs * (x1[-1] * per_coordinate + per_pair)
 
 
 def euclidean_cost(x1, x2) -> Cost:
-    batch, p_rows, m = numel(x1[:-2]), x1[-2], x1[-1]
+    batch, p_rows, m = _batch(x1, x2), x1[-2], x1[-1]
     r_rows = x2[-2]
     macs = batch * p_rows * r_rows * (m + 2)
     norms = 2 * batch * (p_rows + r_rows) * m  # square and accumulate each row
@@ -63,7 +69,7 @@ def cdist(x1, x2, p=2.0, compute_mode=None, *, out_shape, **kw) -> Cost:
 def cdist_backward(grad, x1, x2, p, dist, *, out_shape, **kw) -> Cost:
     # per (pair, coordinate): the difference, its scaled sign or ratio to the distance, times
     # the pair's gradient, accumulated into x1's gradient (4)
-    return Cost(4 * numel(x1[:-1]) * x2[-2] * x1[-1])
+    return Cost(4 * _batch(x1, x2) * x1[-2] * x2[-2] * x1[-1])
 
 
 @register_formula(aten._pdist_forward)

@@ -98,7 +98,7 @@ STORAGE_VIEW_OPS = _ops(
     _nested_view_from_jagged _nested_get_values _nested_get_offsets _nested_get_lengths
     _nested_get_jagged_dummy _nested_get_ragged_idx _nested_view_from_buffer
     _nested_get_min_seqlen _nested_get_max_seqlen _nnz _dimI _dimV sparse_dim dense_dim
-    is_coalesced _coalesced_
+    is_coalesced _coalesced_ _linalg_check_errors
     """
 )
 # indexing: gathers and scatters that only move data
