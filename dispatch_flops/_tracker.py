@@ -372,6 +372,8 @@ class ModuleTracker:
         calls = self._calls
         if calls and not running(calls[-1][1], caller):
             self._drop_ended(caller)
+        if self._saved_seen is not None:
+            self._wrap_inner_hooks()
         if name == ROOT:
             self.root_calls += 1
             frame = self.root
@@ -464,28 +466,58 @@ class ModuleTracker:
     # -- saved activations (FlopCounter(saved_activations=True)) -----------------------------
     def watch_saved(self) -> None:
         """Start charging tensors saved for backward to the frame that saves them: each
-        storage once (the first saver), parameters' storages never."""
+        storage once (the first saver), parameters' storages never. The user's own
+        ``saved_tensors_hooks`` keep working: ones entered before the counter are called from
+        ours (``pack``/``unpack``), ones entered inside the block are wrapped when the next
+        module call starts (``_wrap_inner_hooks``)."""
         self._saved_seen = set()
         self._param_storages = {
             p.untyped_storage()._cdata for p in self.model.parameters()
         } if self.model is not None else set()
+        self._outer_hooks = top_saved_tensors_hooks(False)  # the user's, entered before us
 
-    def pack(self, tensor):
-        """``saved_tensors_hooks`` pack hook: note the bytes, keep the tensor as it is."""
+    def note_saved(self, tensor) -> None:
+        """Charge ``tensor``'s storage to the running frame (once per storage)."""
         if not self._recompute_depth:
             try:
                 storage = tensor.untyped_storage()
             except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
-                return tensor
+                return
             key = storage._cdata
             if key not in self._saved_seen and key not in self._param_storages:
                 self._saved_seen.add(key)
                 self.current.saved += storage.nbytes()
-        return tensor
 
-    @staticmethod
-    def unpack(tensor):
-        return tensor
+    def pack(self, tensor):
+        """``saved_tensors_hooks`` pack hook: note the bytes, then hand the tensor to the
+        user's hooks entered before the counter (as it is, without them)."""
+        self.note_saved(tensor)
+        outer = self._outer_hooks
+        return tensor if outer is None else outer[0](tensor)
+
+    def unpack(self, packed):
+        outer = self._outer_hooks
+        return packed if outer is None else outer[1](packed)
+
+    def _wrap_inner_hooks(self) -> None:
+        """Hooks the user entered inside the block sit above ours, and torch calls only the
+        innermost: put in their place the same hooks behind a pack that notes the bytes first
+        (their ``__exit__`` pops whatever is innermost, so the stack stays as they left it).
+        Activation checkpointing's own hooks are left alone: what it saves is recomputed."""
+        top = top_saved_tensors_hooks(False)
+        if top is None or getattr(top[0], "__self__", None) is self or \
+                getattr(top[0], "_dispatch_flops_noted", False) or \
+                getattr(top[0], "__module__", "") == "torch.utils.checkpoint":
+            return
+        their_pack, their_unpack = top
+
+        def pack(tensor):
+            self.note_saved(tensor)
+            return their_pack(tensor)
+
+        pack._dispatch_flops_noted = True
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        torch._C._autograd._push_saved_tensors_default_hooks(pack, their_unpack)
 
     def _step_begins(self, optimizer, args, kwargs) -> None:
         self._optimizer_depth += 1  # modules called inside the step stay in its phase

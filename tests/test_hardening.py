@@ -389,3 +389,51 @@ def test_from_json_names_what_is_missing_or_mistyped(tmp_path, damage):
     word = {"stats": "flops", "calls": "calls", "stack": "stack"}.get(damage, damage)
     with pytest.raises(ValueError, match=word):
         Profile.from_json(path)
+
+
+# ---- hooks the user owns --------------------------------------------------------------------
+
+
+class CountingHooks(torch.autograd.graph.saved_tensors_hooks):
+    """The user's own saved-tensors hooks (as save_on_cpu): they wrap what they pack."""
+
+    def __init__(self):
+        self.packed = self.unpacked = 0
+
+        def pack(t):
+            self.packed += 1
+            return ("mine", t)
+
+        def unpack(box):
+            assert box[0] == "mine"
+            self.unpacked += 1
+            return box[1]
+
+        super().__init__(pack, unpack)
+
+
+def _saved_run(model, where: str):
+    hooks = CountingHooks()
+    x = torch.randn(4, 8, requires_grad=True)
+    if where == "outside":
+        with hooks, FlopCounter(model, saved_activations=True) as fc:
+            model(x).sum().backward()
+    elif where == "inside":
+        with FlopCounter(model, saved_activations=True) as fc, hooks:
+            model(x).sum().backward()
+    else:
+        with FlopCounter(model, saved_activations=True) as fc:
+            model(x).sum().backward()
+    return fc, hooks
+
+
+@pytest.mark.parametrize("where", ["outside", "inside"])
+def test_users_saved_tensors_hooks_keep_working_with_saved_activations(where):
+    """Offloading hooks (save_on_cpu) entered before the counter, or inside its block, are
+    still called, and the counter still sees what is saved."""
+    model = net()
+    plain, _ = _saved_run(model, "none")
+    fc, hooks = _saved_run(model, where)
+    assert hooks.packed > 0 and hooks.unpacked == hooks.packed
+    assert fc.by_module()[""].saved_bytes == plain.by_module()[""].saved_bytes > 0
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
