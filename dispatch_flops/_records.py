@@ -36,7 +36,8 @@ _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
 
 CATEGORY_NAMES = {"formula": "exact", "no_arithmetic": "no_arithmetic",
-                  "estimated": "estimated", "unsupported": "unsupported"}
+                  "estimated": "estimated", "unsupported": "unsupported",
+                  "communication": "communication"}
 
 
 class PricingError(Exception):
@@ -76,8 +77,7 @@ def _shapes_of(call) -> str:
     if call is None:
         return "no arguments"
     args, out_shape, kwargs = call
-    shown = [tuple(a) if hasattr(a, "__len__") and not isinstance(a, str) else a
-             for a in args]
+    shown = [tuple(a) if isinstance(a, (list, tuple)) else a for a in args]
     return f"args {shown}" + (f", kwargs {kwargs}" if kwargs else "")
 
 
@@ -114,7 +114,8 @@ def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
         bytes_written = _count("bytes_written", cost.bytes_written, where)
     values = {"flops": _count("flops", cost.flops, where),
               "macs": _count("macs", cost.macs, where),
-              "bytes_read": bytes_read, "bytes_written": bytes_written}
+              "bytes_read": bytes_read, "bytes_written": bytes_written,
+              "comm_bytes": _count("comm_bytes", cost.comm_bytes, where)}
     return tuple(values[name] for name in PRICED)
 
 
