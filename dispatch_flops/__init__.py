@@ -17,6 +17,7 @@ from ._profile import ModuleFacts, Profile, RunFacts
 from ._repeat import profile
 from ._results import (
     BACKWARD,
+    COMMUNICATION,
     ESTIMATED,
     EXACT,
     FORWARD,
@@ -31,7 +32,8 @@ from ._results import (
     OpRecord,
     Stats,
 )
-from ._roofline import COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline, device_spec
+from ._roofline import (COMM_BOUND, COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline,
+                        device_spec)
 from ._torch_mode import FlopCounterMode
 from .counter import FlopCounter
 
@@ -40,6 +42,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Activations",
     "BACKWARD",
+    "COMM_BOUND",
+    "COMMUNICATION",
     "COMPUTE_BOUND",
     "Cost",
     "Coverage",

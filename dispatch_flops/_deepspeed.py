@@ -238,11 +238,18 @@ class FlopsProfiler:
     def _world(self) -> Optional[World]:
         """The world / dp / mp sizes: the engine's whenever one is given (DeepSpeed's rule;
         dp is its sequence-data-parallel size when ``dp_world_size`` is None, as under
-        Ulysses), else torch.distributed's when initialised (dp = world / mp), else None."""
+        Ulysses), else the device mesh's when the model has DTensor parameters (FSDP2, tensor
+        parallelism: see ``distributed.mesh_sizes``), else torch.distributed's when
+        initialised (dp = world / mp), else None."""
         engine, mp_size = self.ds_engine, self.mp_size
         initialised = dist.is_available() and dist.is_initialized()
         if engine is None and not initialised:
             return None
+        if engine is None and self._mp_size is None:  # DTensor / FSDP2: the device mesh's
+            from .distributed import mesh_sizes
+            sizes = mesh_sizes(self.model)
+            if sizes is not None:
+                return World(*sizes)
         world_size = getattr(engine, "world_size", None)
         if world_size is None:
             world_size = dist.get_world_size() if initialised else 1

@@ -25,7 +25,7 @@ from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registr
 from ._skip import SKIP_FRAMES as _SKIP_FRAMES
 from dispatch_flops.formulas import SparseInfo
 
-from ._records import CALLS, NS, SIGNATURE, Signature, engine_cache
+from ._records import CALLS, NS, SIGNATURE, PricingError, Signature, engine_cache
 from ._results import PRICED
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from ._tracker import RECOMPUTE_I, phase_of, running
@@ -42,6 +42,11 @@ _current_node = torch._C._current_autograd_node
 # under its recomputation saved-tensors hook; reentrant, inside its autograd Function's node
 _RECOMPUTATION_HOOK = "_recomputation_hook.__init__.<locals>.pack_hook"
 _REENTRANT = "CheckpointFunctionBackward"
+
+# subclasses the mode lets run an op first (``CountingMode._unwraps``), and the dispatch key
+# of the fake mode DTensor's sharding propagation runs under
+_UNWRAPPED = frozenset(("DTensor", "AsyncCollectiveTensor"))
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 # per-overload kinds, small ints for the hot path
 VIEW, COPY, WRITE, FORMULA, UNKNOWN = range(5)
@@ -116,6 +121,8 @@ def _shape(v):
         return v.shape
     if v.__class__ is list or v.__class__ is tuple:
         return [x.shape if isinstance(x, Tensor) else x for x in v]
+    if isinstance(v, torch.ScriptObject):  # a process group, a reduce op: plain data
+        return _script_key(v)
     return v
 
 
@@ -130,13 +137,59 @@ def _dtype(v):
 def formula_call(args, kwargs, out, resolved) -> tuple:
     """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``);
     ``dtypes`` and ``layouts`` (one per argument) join the kwargs of formulas that declare
-    them (every layout dense here: see ``_exotic_call`` for the others)."""
+    them (every layout dense here: see ``_exotic_call`` for the others), ``group_size``
+    those of collectives that do."""
     kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
     if resolved.with_dtypes:
         kw["dtypes"] = [_dtype(a) for a in args]
     if resolved.with_layouts:
         kw["layouts"] = [None] * len(args)
+    if resolved.with_group_size:
+        kw["group_size"] = group_size(args, resolved.group_arg)
     return [_shape(a) for a in args], _shape(out), kw
+
+
+# -- collectives: keyed and priced by the size of their process group ------------------------
+def _process_group(v):
+    """The ProcessGroup a collective's argument names: the object itself, its TorchScript
+    box (c10d ops), or its name (functional collectives)."""
+    from torch.distributed import ProcessGroup
+    if isinstance(v, str):
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        return _resolve_process_group(v)
+    if isinstance(v, torch.ScriptObject):
+        return ProcessGroup.unbox(v)
+    return v
+
+
+def group_size(args, position) -> int:
+    """The size of the process group a collective was called on (``position``: its
+    argument's index); 1 when the op names none."""
+    if position is None or position >= len(args):
+        return 1
+    return _process_group(args[position]).size()
+
+
+def _script_key(v):
+    """A stable stand-in for a TorchScript object argument (a new Python box every call): a
+    process group by its size (all a price depends on), anything else by its type."""
+    name = v._type().name()
+    if name == "ProcessGroup":
+        return (name, _process_group(v).size())
+    return (name,)
+
+
+def _collective_signature(sig: list, resolved, args, out) -> list:
+    """A collective's signature: its TorchScript arguments by ``_script_key`` and its group's
+    size (a group name outlives a group); the output (a ``Work`` among it) left out."""
+    sig = [_script_key(x) if isinstance(x, torch.ScriptObject) else x for x in sig]
+    sig.append(group_size(args, resolved.group_arg))
+    return sig
+
+
+def _output_signature(sig: list, resolved, args, out) -> list:
+    sig.append(_key(out))
+    return sig
 
 
 def moved_bytes(resolved, args, kwargs, out) -> tuple[int, int]:
@@ -264,6 +317,8 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             parts = [part(x) for x in v]
             return (tuple(p[0] for p in parts), [p[1] for p in parts],
                     sum(p[2] for p in parts), None)
+        if isinstance(v, torch.ScriptObject):
+            return _script_key(v), v, 0, None
         v = _hint(v)
         return _scalar_key(v), v, 0, None
 
@@ -287,6 +342,8 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             formula_kw["dtypes"] = [_dtype(x) for x in args]
         if resolved.with_layouts:
             formula_kw["layouts"] = [p[3] for p in a]
+        if resolved.with_group_size:
+            formula_kw["group_size"] = group_size(args, resolved.group_arg)
         call = ([p[1] for p in a], o[1], formula_kw)
     sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
     return sig, Signature(call, read, written)
@@ -309,10 +366,11 @@ def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> Signat
 
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
-                 "with_layouts", "write_only", "mutated", "out_in_signature", "decompose")
+                 "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
+                 "signed", "with_group_size", "group_arg")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
-                 out_in_signature, with_layouts=False):
+                 out_in_signature, with_layouts=False, with_group_size=False):
         self.func = func
         # what runs the op: the overload's C++ entry when calling the overload would only
         # forward to it (``OpOverload.__call__`` is one Python frame around ``_op``)
@@ -331,8 +389,14 @@ class _Resolved:
             if not a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
         ) if not func._schema.returns else ()
         # the output's shape is not a function of the inputs' (nonzero, masked_select), or
-        # the op is the user's and we cannot know: then it is part of the signature
-        self.out_in_signature = out_in_signature
+        # the op is the user's and we cannot know: then it is part of the signature. A
+        # collective takes this path too, to key its process group (``signed``)
+        self.with_group_size = with_group_size  # the formula declares ``group_size``
+        self.group_arg = next((i for i, a in enumerate(func._schema.arguments)
+                               if a.name in ("process_group", "group_name")), None)
+        communicates = category is Category.COMMUNICATION
+        self.out_in_signature = out_in_signature or communicates
+        self.signed = _collective_signature if communicates else _output_signature
         # for a composite op (seen whole under inference_mode): prices a call by counting
         # its decomposition (``CountingMode._decomposed``); None for every other op
         self.decompose = None
@@ -386,6 +450,9 @@ class CountingMode(TorchDispatchMode):
         self.forward_acc: dict = {}
         self.recomputing = False
         self.tracker = None
+        # the DTensor-level ops this mode let DTensor unwrap (``_unwraps``): their global
+        # (logical) figure, {key: [calls, Signature or None, resolution]}
+        self.logical: dict = {}
 
     def bind(self, tracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
@@ -408,7 +475,7 @@ class CountingMode(TorchDispatchMode):
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
         formula = entry.formula
-        with_dtypes = with_layouts = False
+        with_dtypes = with_layouts = with_group_size = False
         if formula is not None:  # a formula, an estimate, or a no-arithmetic op's bytes
             kind = FORMULA
             parameters = inspect.signature(formula).parameters
@@ -416,6 +483,7 @@ class CountingMode(TorchDispatchMode):
                 formula = partial(formula, causal_unmasked_only=self.causal_unmasked_only)
             with_dtypes = "dtypes" in parameters
             with_layouts = "layouts" in parameters
+            with_group_size = "group_size" in parameters
         elif entry.category is Category.NO_ARITHMETIC:
             kind = _MOVEMENT_KIND[entry.movement]
         else:
@@ -429,7 +497,7 @@ class CountingMode(TorchDispatchMode):
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
         resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
-                             out_in_signature, with_layouts)
+                             out_in_signature, with_layouts, with_group_size)
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.FORMULA, FORMULA
             resolved.decompose = partial(self._decomposed, func)
@@ -487,10 +555,73 @@ class CountingMode(TorchDispatchMode):
             self._book.append(rec)
         return rec
 
+    # -- tensor subclasses that unwrap to local work (the slow path) --------------------------
+    def _unwraps(self, func, types, args, kwargs) -> bool:
+        """Whether to let a subclass among ``types`` run ``func`` first (the mode returns
+        ``NotImplemented``): a DTensor runs it as local ops on its shards and the collectives
+        that redistribute them, which come back here and are counted (what this rank
+        executes); the DTensor-level call is kept apart, at its global shapes
+        (``logical``). An AsyncCollectiveTensor unwraps into ``wait_tensor`` and the op."""
+        for t in types:
+            if t.__name__ in _UNWRAPPED and t.__module__.startswith("torch.distributed"):
+                if t.__name__ == "DTensor":
+                    self._logical(func, args, kwargs)
+                    # DTensor works out global shapes on fake tensors (sharding propagation)
+                    # under this mode: from now on those ops are run, not counted
+                    self.__torch_dispatch__ = self._outside_sharding_propagation
+                return True
+        return False
+
+    def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
+        if torch._C._get_dispatch_mode(_FAKE) is not None:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        return type(self).__torch_dispatch__(self, func, types, args, kwargs)
+
+    def _logical(self, func, args, kwargs) -> None:
+        """Count a DTensor-level call at its global shapes: worked out once per distinct
+        shapes, on meta tensors, and priced when read (``logical_ops``)."""
+        from torch.utils._pytree import tree_leaves, tree_map_only
+        kwargs = kwargs or {}
+        key = (id(func),) + tuple((tuple(t.shape), t.dtype) for t in tree_leaves((args, kwargs))
+                                  if isinstance(t, Tensor))
+        rec = self.logical.get(key)
+        if rec is None:
+            resolved = self.resolved.get(id(func)) or self._resolve(func)
+            signature = None
+            try:
+                meta_args, meta_kwargs = tree_map_only(
+                    Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                    (args, kwargs))
+                out = func(*meta_args, **meta_kwargs)
+                signature = _work_out(resolved, meta_args, meta_kwargs, out)
+            except Exception:  # an op meta tensors cannot run: its calls are still listed
+                pass
+            rec = self.logical[key] = [0, signature, resolved, key[1:]]
+        rec[0] += 1
+
+    def logical_ops(self) -> tuple:
+        """``((overload, global shapes, calls, flops, macs), ...)`` of the DTensor-level
+        calls (flops and MACs 0 where they could not be priced)."""
+        flops_i, macs_i = PRICED.index("flops"), PRICED.index("macs")
+        out = []
+        for calls, signature, resolved, shapes in self.logical.values():
+            flops = macs = 0
+            if signature is not None:
+                try:
+                    unit = signature.unit(resolved)
+                    flops, macs = unit[flops_i] * calls, unit[macs_i] * calls
+                except PricingError:
+                    pass
+            out.append((str(resolved.func), tuple(shape for shape, _ in shapes), calls, flops,
+                        macs))
+        return tuple(out)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
         # case) and keep only ints. Records are [calls, ns, signature] (see _records): calls
         # and times counted here, flops and bytes by the signature when it is read.
+        if types and self._unwraps(func, types, args, kwargs):  # plain tensors: types == ()
+            return NotImplemented
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
@@ -554,8 +685,8 @@ class CountingMode(TorchDispatchMode):
                         sig.append(a)
                 if kwargs:
                     sig.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
-                if resolved.out_in_signature:
-                    sig.append(_key(out))
+                if resolved.out_in_signature:  # see _Resolved.signed
+                    sig = resolved.signed(sig, resolved, args, out)
                 elif isinstance(out, Tensor):  # a scalar's type or the default dtype sets it
                     sig.append(out.dtype)
                 sig = tuple(sig)

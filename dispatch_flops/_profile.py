@@ -71,7 +71,9 @@ class ModuleFacts:
 class RunFacts:
     """What a run was: the model's label, the counter's options, the device and dtype, the
     block's wall time (timing on), the steps it holds (``merge`` adds them), and the rank and
-    world size (``None`` outside ``torch.distributed``)."""
+    world size (``None`` outside ``torch.distributed``). ``dtensor_ops``: the DTensor-level
+    calls the rank's counts unwrap, at their global (logical) shapes: ``(overload, shapes,
+    calls, flops, macs)`` each (see ``Profile.logical``)."""
 
     model: str = "global"
     has_model: bool = False
@@ -88,6 +90,7 @@ class RunFacts:
     world_size: Optional[int] = None
     # formulas that failed on some call (their calls are reported unsupported), one line each
     pricing_errors: tuple = ()
+    dtensor_ops: tuple = ()
 
 
 def _accumulate(into: dict, key, counts: tuple) -> None:
@@ -129,11 +132,13 @@ class Profile(TorchCompat):
 
     def __init__(self, rows: Iterable[tuple], module_facts: ModuleFacts, run: RunFacts, *,
                  parts: tuple = (), trace: Optional[tuple] = None,
-                 views: Optional[dict] = None):
+                 views: Optional[dict] = None, ranks: tuple = ()):
         self._rows = tuple(rows)
         self.module_facts = module_facts
         self.run = run
         self.parts = tuple(parts)  # the Profiles merged into this one, in order
+        # gathered from ranks (dispatch_flops.distributed.gather): each rank's, in rank order
+        self.ranks = tuple(ranks)
         self._trace = trace  # (events, dropped) of a run counted with trace=True
         # views computed so far; a harvest whose rows and facts equal the last one's shares
         # them (the same data gives the same views)
@@ -229,6 +234,33 @@ class Profile(TorchCompat):
         included (the numerator of MFU)."""
         phases = self.by_phase()
         return sum(phases[p].flops for p in MODEL_PHASES)
+
+    @property
+    def logical(self) -> Stats:
+        """The DTensor-level calls at their global shapes (calls, flops, MACs): the figure of
+        the unsharded program, which this rank's counts split into local shard work and
+        collectives. Zero without DTensors."""
+        ops = self.run.dtensor_ops
+        return Stats(calls=sum(o[2] for o in ops), flops=sum(o[3] for o in ops),
+                     macs=sum(o[4] for o in ops))
+
+    def imbalance(self, phase: Optional[str] = None) -> dict[str, dict[str, tuple]]:
+        """Over the gathered ranks, per module: ``{"flops" | "comm_bytes" | "latency_s":
+        (min, mean, max)}`` of its inclusive counts (latency only when timed). ``ValueError``
+        on a Profile that was not gathered (``dispatch_flops.distributed.gather``)."""
+        if not self.ranks:
+            raise ValueError("imbalance needs a gathered Profile: dispatch_flops.distributed"
+                             ".gather(fc) on every rank")
+        per_rank = [r.by_module(phase) for r in self.ranks]
+        metrics = ("flops", "comm_bytes") + (("latency_s",) if self.timing else ())
+        out = {}
+        for name in self.by_module(phase):
+            row = {}
+            for metric in metrics:
+                values = [getattr(m[name], metric) or 0 if name in m else 0 for m in per_rank]
+                row[metric] = (min(values), sum(values) / len(values), max(values))
+            out[name] = row
+        return out
 
     def hardware_flops(self) -> int:
         """Every flop executed: forward, backward, recompute and optimizer (that of HFU)."""
@@ -423,12 +455,18 @@ class Profile(TorchCompat):
         self._require_timing(what)
         if not self.wall_s:
             raise ValueError(f"{what} needs a finished, timed block: read it after the block")
-        return flops / (self.wall_s * self.device(device).peak_flops(dtype or self.dtype))
+        devices = len(self.ranks) or 1  # gathered: flops summed over ranks, wall the longest
+        return flops / (self.wall_s * devices * self.device(device).peak_flops(
+            dtype or self.dtype))
 
     # -- output -----------------------------------------------------------------------------
-    def table(self, depth: int = 2) -> str:
-        """The module tree to ``depth`` (0 = root only) with human units and % of total."""
-        return module_table(self, depth)
+    def table(self, depth: int = 2, *, ranks: bool = False) -> str:
+        """The module tree to ``depth`` (0 = root only) with human units and % of total;
+        ``ranks=True`` (a gathered Profile) adds min / max over ranks columns."""
+        if ranks and not self.ranks:
+            raise ValueError("table(ranks=True) needs a gathered Profile: "
+                             "dispatch_flops.distributed.gather(fc)")
+        return module_table(self, depth, ranks=ranks)
 
     def __str__(self) -> str:
         return self.table()
@@ -452,6 +490,8 @@ class Profile(TorchCompat):
             "rank": run.rank,
             "world_size": run.world_size,
             "pricing_errors": list(run.pricing_errors),
+            "dtensor_ops": [{"overload": o, "shapes": [list(s) for s in shapes], "calls": c,
+                             "flops": f, "macs": m} for o, shapes, c, f, m in run.dtensor_ops],
             "modules": [
                 {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
                  "forward_span_ns": facts.spans.get(name)}
@@ -494,6 +534,9 @@ class Profile(TorchCompat):
         run_fields = {f: data[f] for f in RunFacts.__dataclass_fields__ if f != "model"
                       and f in data}
         run_fields["pricing_errors"] = tuple(run_fields.get("pricing_errors", ()))
+        run_fields["dtensor_ops"] = tuple(
+            (o["overload"], tuple(tuple(s) for s in o["shapes"]), o["calls"], o["flops"],
+             o["macs"]) for o in run_fields.get("dtensor_ops", ()))
         run = RunFacts(model=data["model"], **run_fields)
         modules = data["modules"]
         facts = ModuleFacts(
@@ -509,7 +552,7 @@ class Profile(TorchCompat):
         for r in data["records"]:
             stats = r["stats"]
             latency = stats.get("latency_s")
-            counts = tuple(stats[c] for c in COUNTS) + (
+            counts = tuple(stats.get(c, 0) for c in COUNTS) + (
                 round(latency * 1e9) if latency else 0,)
             key = (tuple(r["stack"]), r["phase"], r["operator"], r["overload"], r["category"])
             _accumulate(rows, key, counts)
@@ -577,9 +620,14 @@ class Profile(TorchCompat):
                     into[k] = into.get(k, 0) + v
         walls = [p.wall_s for p in profiles]
         errors = tuple(dict.fromkeys(e for p in profiles for e in p.run.pricing_errors))
+        logical: dict[tuple, list] = {}
+        for p in profiles:
+            for overload, shapes, *counts in p.run.dtensor_ops:
+                _accumulate(logical, (overload, shapes), tuple(counts))
         run = replace(first.run, steps=sum(p.steps for p in profiles),
                       wall_s=None if None in walls else sum(walls),
-                      repeats=min(p.repeats for p in profiles), pricing_errors=errors)
+                      repeats=min(p.repeats for p in profiles), pricing_errors=errors,
+                      dtensor_ops=tuple(k + tuple(v) for k, v in logical.items()))
         facts = replace(first.module_facts, calls=calls, spans=spans, saved=saved)
         parts = tuple(q for p in profiles for q in (p.parts or (p,)))
         return cls([(k, tuple(v)) for k, v in rows.items()], facts, run, parts=parts)
@@ -647,6 +695,7 @@ _MODULE_TYPES = {"name": str, "calls": int, "params": int}
 _RECORD_TYPES = {"stack": list, "phase": str, "operator": str, "overload": str,
                  "category": str, "stats": dict}
 _STATS_TYPES = {**{c: int for c in COUNTS}, "latency_s": (float, int, type(None))}
+_OPTIONAL = ("has_model", "steps", "wall_s", "comm_bytes")  # files written before them
 
 
 def _check(data, types: dict, where: str) -> None:
@@ -654,7 +703,7 @@ def _check(data, types: dict, where: str) -> None:
         raise ValueError(f"{where} is {type(data).__name__}, not an object")
     for key, kind in types.items():
         if key not in data:
-            if key in ("has_model", "steps", "wall_s"):
+            if key in _OPTIONAL:
                 continue  # optional
             raise ValueError(f"{where}: field {key!r} is missing")
         value = data[key]

@@ -36,7 +36,8 @@ _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
 
 CATEGORY_NAMES = {"formula": "exact", "no_arithmetic": "no_arithmetic",
-                  "estimated": "estimated", "unsupported": "unsupported"}
+                  "estimated": "estimated", "unsupported": "unsupported",
+                  "communication": "communication"}
 
 
 class PricingError(Exception):
@@ -59,9 +60,8 @@ class Signature:
 
     def set_cost(self, flops: int, macs: int) -> None:
         """Price the call now, with these flops and MACs (a composite's decomposition)."""
-        values = {"flops": flops, "macs": macs, "bytes_read": self.bytes_read,
-                  "bytes_written": self.bytes_written}
-        self._unit = tuple(values[name] for name in PRICED)
+        self._unit = unit_of(Cost(flops, macs), self.bytes_read, self.bytes_written,
+                             "a composite's decomposition")
 
     def unit(self, resolved) -> tuple:
         """What one call counts, in ``PRICED`` order (``resolved``: the op's resolution);
@@ -82,8 +82,7 @@ def _shapes_of(call) -> str:
     if call is None:
         return "no arguments"
     args, out_shape, kwargs = call
-    shown = [tuple(a) if hasattr(a, "__len__") and not isinstance(a, str) else a
-             for a in args]
+    shown = [tuple(a) if isinstance(a, (list, tuple)) else a for a in args]
     return f"args {shown}" + (f", kwargs {kwargs}" if kwargs else "")
 
 
@@ -109,8 +108,13 @@ def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
     the bytes moved: the engine's figures unless the formula's ``Cost`` gives its own (an
     op that touches part of a tensor). ``PricingError`` when the formula returns what is not
     a ``Cost`` of integers >= 0."""
-    cost = resolved.price(call)
-    where = f"{resolved.func} with {_shapes_of(call)}"
+    return unit_of(resolved.price(call), bytes_read, bytes_written,
+                   f"{resolved.func} with {_shapes_of(call)}")
+
+
+def unit_of(cost, bytes_read: int, bytes_written: int, where: str) -> tuple:
+    """One call's ``PRICED`` counts from its ``Cost`` and the engine's byte figures (which the
+    ``Cost`` may replace), each checked: ``PricingError`` unless integers >= 0."""
     if not isinstance(cost, Cost):
         raise PricingError(f"{where}: the formula returned {cost!r}, not a "
                            "dispatch_flops.Cost(flops, macs)")
@@ -120,7 +124,8 @@ def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
         bytes_written = _count("bytes_written", cost.bytes_written, where)
     values = {"flops": _count("flops", cost.flops, where),
               "macs": _count("macs", cost.macs, where),
-              "bytes_read": bytes_read, "bytes_written": bytes_written}
+              "bytes_read": bytes_read, "bytes_written": bytes_written,
+              "comm_bytes": _count("comm_bytes", cost.comm_bytes, where)}
     return tuple(values[name] for name in PRICED)
 
 

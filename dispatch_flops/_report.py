@@ -5,8 +5,8 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ._format import duration, human
-from ._results import (BACKWARD, ESTIMATED, EXACT, FORWARD, NO_ARITHMETIC, OPTIMIZER, PHASES,
-                       MODEL_PHASES, RECOMPUTE, ROOT, UNSUPPORTED, depth_of)
+from ._results import (BACKWARD, COMMUNICATION, ESTIMATED, EXACT, FORWARD, NO_ARITHMETIC,
+                       OPTIMIZER, PHASES, MODEL_PHASES, RECOMPUTE, ROOT, UNSUPPORTED, depth_of)
 
 _PHASE_HEADERS = {FORWARD: "Fwd FLOPs", BACKWARD: "Bwd FLOPs", OPTIMIZER: "Opt FLOPs",
                   RECOMPUTE: "Recompute FLOPs"}
@@ -16,7 +16,7 @@ def _percent(part: float, whole) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def module_table(counter, depth: int = 2) -> str:
+def module_table(counter, depth: int = 2, ranks: bool = False) -> str:
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be an int >= 0 (0 shows the root only), got {depth!r}")
     modules = counter.by_module()
@@ -31,10 +31,19 @@ def module_table(counter, depth: int = 2) -> str:
     saved = counter.saved_activations
     if saved:
         headers.append("Saved")
+    # collectives ran: the bytes this rank put on the wire (docs/conventions.md)
+    comm = counter.total.comm_bytes > 0
+    if comm:
+        headers.append("Comm")
+    spread = counter.imbalance() if ranks else {}
+    if ranks:
+        headers += ["FLOPs min", "FLOPs max"] + (["Comm min", "Comm max"] if comm else [])
     timed = counter.timing
     root_time = modules[ROOT].latency_s if timed and ROOT in modules else None
     if timed:
         headers += ["Latency", "% Time", "FLOPS"]
+        if ranks:
+            headers += ["Latency min", "Latency max"]
     rows = []
     for name in counter.module_names():
         level = depth_of(name)
@@ -49,14 +58,27 @@ def module_table(counter, depth: int = 2) -> str:
                     for p in shown]
         if saved:
             row.append(human(m.saved_bytes or 0, "B"))
+        if comm:
+            row.append(human(m.comm_bytes, "B"))
+        if ranks:
+            low_high = spread[name]
+            row += [human(low_high["flops"][0]), human(low_high["flops"][2])]
+            if comm:
+                row += [human(low_high["comm_bytes"][0], "B"),
+                        human(low_high["comm_bytes"][2], "B")]
         if timed:
             latency = m.latency_s or 0.0
             row += [duration(latency), _percent(latency, root_time),
                     human(m.flops / latency, "FLOPS") if latency else "-"]
+            if ranks:
+                row += [duration(spread[name]["latency_s"][0]),
+                        duration(spread[name]["latency_s"][2])]
         rows.append(row)
     align = ("left",) + ("right",) * (len(headers) - 1)
     lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align),
              coverage_line(counter.coverage())]
+    if counter.ranks:
+        lines.append(f"Gathered from {len(counter.ranks)} ranks: counts summed over ranks")
     if any(by_phase[p].calls for p in PHASES if p not in MODEL_PHASES):
         lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
@@ -90,7 +112,9 @@ def coverage_line(coverage) -> str:
     return (
         f"Coverage (calls / bytes moved): priced exactly {pair(coverage.priced_exactly)} "
         f"(formula {pair(lambda by: coverage.share(EXACT, by))}, "
-        f"no arithmetic {pair(lambda by: coverage.share(NO_ARITHMETIC, by))}), "
-        f"estimated {pair(lambda by: coverage.share(ESTIMATED, by))}, "
+        f"no arithmetic {pair(lambda by: coverage.share(NO_ARITHMETIC, by))}"
+        + (f", communication {pair(lambda by: coverage.share(COMMUNICATION, by))}"
+           if coverage.calls.get(COMMUNICATION) else "")
+        + f"), estimated {pair(lambda by: coverage.share(ESTIMATED, by))}, "
         f"unsupported {pair(lambda by: coverage.share(UNSUPPORTED, by))}"
     )

@@ -21,7 +21,8 @@ EXACT = "exact"  # priced by a formula
 NO_ARITHMETIC = "no_arithmetic"  # declared to do no arithmetic (views, copies, allocation)
 ESTIMATED = "estimated"  # no formula; priced by the family its tag names, flagged
 UNSUPPORTED = "unsupported"  # no formula: bytes counted, flops unknown
-CATEGORIES = (EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED)
+COMMUNICATION = "communication"  # a collective or point-to-point op: comm_bytes on the wire
+CATEGORIES = (EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED, COMMUNICATION)
 
 
 def _add_latency(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -32,14 +33,17 @@ def _add_latency(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 @dataclass(frozen=True)
 class Stats:
-    """Counts for a set of op calls. ``flops`` includes ``2 * macs``. ``latency_s`` is the
-    measured time in seconds when timing was on, ``None`` when it was off."""
+    """Counts for a set of op calls. ``flops`` includes ``2 * macs``. ``comm_bytes`` is what
+    the collectives among them put on the wire from this rank (the ring convention of
+    docs/conventions.md). ``latency_s`` is the measured time in seconds when timing was on,
+    ``None`` when it was off."""
 
     calls: int = 0
     flops: int = 0
     macs: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    comm_bytes: int = 0
     latency_s: Optional[float] = None
 
     def __add__(self, other: "Stats") -> "Stats":
@@ -113,6 +117,10 @@ class ModuleStats:
         return self.inclusive.bytes_read
 
     @property
+    def comm_bytes(self) -> int:
+        return self.inclusive.comm_bytes
+
+    @property
     def bytes_written(self) -> int:
         return self.inclusive.bytes_written
 
@@ -144,7 +152,7 @@ class OpRecord:
     phase: str
     operator: str  # packet name, e.g. "aten.mm"
     overload: str  # e.g. "aten.mm.default"
-    category: str  # EXACT, NO_ARITHMETIC, ESTIMATED or UNSUPPORTED
+    category: str  # EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED or COMMUNICATION
     stats: Stats
 
     def to_dict(self) -> dict:
@@ -157,8 +165,9 @@ class OpRecord:
 class Coverage:
     """How the run's op calls were priced, counted by calls and by bytes moved (read +
     written). Both mappings have one key per category: ``EXACT`` (a formula),
-    ``NO_ARITHMETIC`` (declared to do none: exactly priced at 0 flops), ``ESTIMATED`` and
-    ``UNSUPPORTED``.
+    ``NO_ARITHMETIC`` (declared to do none: exactly priced at 0 flops), ``ESTIMATED``,
+    ``UNSUPPORTED`` and ``COMMUNICATION`` (collectives: 0 flops, their bytes and wire bytes
+    priced exactly).
 
     >>> with FlopCounter(model) as fc:
     ...     model(x)
@@ -184,8 +193,10 @@ class Coverage:
         return counts[category] / whole if whole else 0.0
 
     def priced_exactly(self, by: str = "calls") -> float:
-        """Share priced without estimate: by a formula or declared to do no arithmetic."""
-        return self.share(EXACT, by) + self.share(NO_ARITHMETIC, by)
+        """Share priced without estimate: by a formula, declared to do no arithmetic, or a
+        collective."""
+        return (self.share(EXACT, by) + self.share(NO_ARITHMETIC, by)
+                + self.share(COMMUNICATION, by))
 
     def to_dict(self) -> dict:
         return {

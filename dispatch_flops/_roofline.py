@@ -1,8 +1,11 @@
 """Device peaks, the roofline and MFU: plain arithmetic on finished results.
 
-    attainable time = max(flops / peak_flops, bytes / memory_bandwidth)
+    attainable time = max(flops / peak_flops, bytes / memory_bandwidth,
+                          comm_bytes / interconnect_bandwidth)
 
-An op (or module) is compute-bound when the first term is the larger, memory-bound otherwise.
+An op (or module) is compute-bound when the first term is the largest, memory-bound when the
+second is, communication-bound when the third is (collectives: the bytes this rank puts on
+the wire, over its link's one-direction bandwidth; the three overlap at best).
 Efficiency = attainable / measured time: 1.0 means it ran at its roof.
 """
 
@@ -17,6 +20,7 @@ from ._results import Stats
 
 COMPUTE_BOUND = "compute-bound"
 MEMORY_BOUND = "memory-bound"
+COMM_BOUND = "communication-bound"
 
 DTypeLike = Union[torch.dtype, str]
 
@@ -27,9 +31,14 @@ def _dtype_name(dtype: DTypeLike) -> str:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Peak dense flops per dtype (flop/s) and memory bandwidth (byte/s) of one device.
+    """Peak dense flops per dtype (flop/s) and memory bandwidth (byte/s) of one device, and
+    the bandwidth (byte/s, one direction, per device) of its links to its peers:
+    ``interconnect_bandwidth`` (within a node: NVLink) and ``network_bandwidth`` (across
+    nodes: InfiniBand), ``None`` when unknown. Comm time reads ``interconnect_bandwidth``;
+    for a run across nodes, set it to the network's:
+    ``dataclasses.replace(spec, interconnect_bandwidth=spec.network_bandwidth)``.
 
-    >>> spec = DeviceSpec("my-gpu", {"bfloat16": 300e12, "float32": 20e12}, 2e12)
+    >>> spec = DeviceSpec("my-gpu", {"bfloat16": 300e12, "float32": 20e12}, 2e12, 300e9)
     >>> spec.peak_flops(torch.bfloat16)
     300000000000000.0
     """
@@ -37,6 +46,8 @@ class DeviceSpec:
     name: str
     peak_flops_by_dtype: Mapping[str, float] = field(default_factory=dict)
     memory_bandwidth: float = 0.0
+    interconnect_bandwidth: Optional[float] = None
+    network_bandwidth: Optional[float] = None
 
     def __post_init__(self) -> None:
         peaks = {_dtype_name(k): float(v) for k, v in self.peak_flops_by_dtype.items()}
@@ -46,6 +57,11 @@ class DeviceSpec:
         if self.memory_bandwidth <= 0:
             raise ValueError(f"{self.name}: memory_bandwidth must be positive bytes/s, "
                              f"e.g. 2e12; got {self.memory_bandwidth!r}")
+        for link in ("interconnect_bandwidth", "network_bandwidth"):
+            value = getattr(self, link)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{self.name}: {link} must be positive bytes/s (one "
+                                 f"direction), e.g. 450e9, or None; got {value!r}")
         object.__setattr__(self, "peak_flops_by_dtype", peaks)
 
     @classmethod
@@ -66,13 +82,21 @@ class DeviceSpec:
         """Where ``stats`` sits against this device's roofs."""
         compute_s = stats.flops / self.peak_flops(dtype)
         memory_s = stats.bytes / self.memory_bandwidth
-        attainable = max(compute_s, memory_s)
+        comm_s: Optional[float] = 0.0
+        if stats.comm_bytes:
+            comm_s = (stats.comm_bytes / self.interconnect_bandwidth
+                      if self.interconnect_bandwidth else None)
+        attainable = max(compute_s, memory_s, comm_s or 0.0)
+        bound = COMPUTE_BOUND if compute_s >= memory_s else MEMORY_BOUND
+        if comm_s and comm_s > max(compute_s, memory_s):
+            bound = COMM_BOUND
         measured = stats.latency_s
         return Roofline(
             arithmetic_intensity=stats.arithmetic_intensity,
             attainable_s=attainable,
-            bound=COMPUTE_BOUND if compute_s >= memory_s else MEMORY_BOUND,
+            bound=bound,
             efficiency=attainable / measured if measured else None,
+            compute_s=compute_s, memory_s=memory_s, comm_s=comm_s,
         )
 
 
@@ -81,36 +105,56 @@ class Roofline:
     """One op's or module's place on the roofline. ``efficiency`` is ``None`` untimed."""
 
     arithmetic_intensity: Optional[float]  # flops per byte moved
-    attainable_s: float  # max(flops / peak, bytes / bandwidth)
-    bound: str  # COMPUTE_BOUND or MEMORY_BOUND
+    attainable_s: float  # max(flops / peak, bytes / bandwidth, comm bytes / link bandwidth)
+    bound: str  # COMPUTE_BOUND, MEMORY_BOUND or COMM_BOUND
     efficiency: Optional[float]  # attainable / measured
+    compute_s: Optional[float] = None  # flops / peak
+    memory_s: Optional[float] = None  # bytes / memory bandwidth
+    # comm bytes / interconnect bandwidth: 0.0 without collectives, None with collectives on
+    # a device whose interconnect bandwidth is unknown
+    comm_s: Optional[float] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, fp64: float,
-         bandwidth: float, fp8: Optional[float] = None) -> DeviceSpec:
+         bandwidth: float, fp8: Optional[float] = None, *, link: float, network: float
+         ) -> DeviceSpec:
     peaks = {"bfloat16": bf16, "float16": fp16, "tf32": tf32, "float32": fp32, "float64": fp64}
     if fp8:
         peaks["float8_e4m3fn"] = peaks["float8_e5m2"] = fp8
-    return DeviceSpec(name, peaks, bandwidth)
+    return DeviceSpec(name, peaks, bandwidth, link, network)
 
 
 T = 1e12
 # Dense (no 2:4 sparsity) tensor-core peaks from NVIDIA's data sheets; "float32" is the
 # non-tensor-core FP32 rate (torch's default matmul precision), "tf32" the tensor-core one.
+# Links, one direction per GPU: NVLink 3 (A100 SXM, 12 links) 300 GB/s, NVLink 4 (H100/H200
+# SXM, 18 links) 450 GB/s, an H100 NVL pair's bridge 300 GB/s; PCIe cards without a bridge
+# their PCIe link (Gen4 x16 32 GB/s, Gen5 x16 64 GB/s). Network: one InfiniBand NIC per GPU,
+# HDR 200 Gb/s (25 GB/s) beside A100s, NDR 400 Gb/s (50 GB/s) beside H100/H200s, as in DGX
+# systems; PCIe cards: HDR.
+G = 1e9
 DEVICES: dict[str, DeviceSpec] = {
     spec.name: spec
     for spec in (
-        _gpu("A100-SXM4-80GB", 312 * T, 312 * T, 156 * T, 19.5 * T, 19.5 * T, 2.039e12),
-        _gpu("A100-SXM4-40GB", 312 * T, 312 * T, 156 * T, 19.5 * T, 19.5 * T, 1.555e12),
-        _gpu("A100-PCIE-80GB", 312 * T, 312 * T, 156 * T, 19.5 * T, 19.5 * T, 1.935e12),
-        _gpu("H100-SXM", 989.4 * T, 989.4 * T, 494.7 * T, 66.9 * T, 66.9 * T, 3.35e12, 1978.9 * T),
-        _gpu("H100-PCIe", 756.5 * T, 756.5 * T, 378 * T, 51.2 * T, 51.2 * T, 2.0e12, 1513 * T),
-        _gpu("H100-NVL", 835.5 * T, 835.5 * T, 417.5 * T, 60 * T, 60 * T, 3.9e12, 1670.5 * T),
-        _gpu("H200", 989.4 * T, 989.4 * T, 494.7 * T, 66.9 * T, 66.9 * T, 4.8e12, 1978.9 * T),
-        _gpu("L4", 121 * T, 121 * T, 60 * T, 30.3 * T, 0.49 * T, 0.3e12, 242.5 * T),
+        _gpu("A100-SXM4-80GB", 312 * T, 312 * T, 156 * T, 19.5 * T, 19.5 * T, 2.039e12,
+             link=300 * G, network=25 * G),
+        _gpu("A100-SXM4-40GB", 312 * T, 312 * T, 156 * T, 19.5 * T, 19.5 * T, 1.555e12,
+             link=300 * G, network=25 * G),
+        _gpu("A100-PCIE-80GB", 312 * T, 312 * T, 156 * T, 19.5 * T, 19.5 * T, 1.935e12,
+             link=32 * G, network=25 * G),
+        _gpu("H100-SXM", 989.4 * T, 989.4 * T, 494.7 * T, 66.9 * T, 66.9 * T, 3.35e12, 1978.9 * T,
+             link=450 * G, network=50 * G),
+        _gpu("H100-PCIe", 756.5 * T, 756.5 * T, 378 * T, 51.2 * T, 51.2 * T, 2.0e12, 1513 * T,
+             link=64 * G, network=25 * G),
+        _gpu("H100-NVL", 835.5 * T, 835.5 * T, 417.5 * T, 60 * T, 60 * T, 3.9e12, 1670.5 * T,
+             link=300 * G, network=50 * G),
+        _gpu("H200", 989.4 * T, 989.4 * T, 494.7 * T, 66.9 * T, 66.9 * T, 4.8e12, 1978.9 * T,
+             link=450 * G, network=50 * G),
+        _gpu("L4", 121 * T, 121 * T, 60 * T, 30.3 * T, 0.49 * T, 0.3e12, 242.5 * T,
+             link=32 * G, network=25 * G),
     )
 }
 

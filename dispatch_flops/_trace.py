@@ -125,6 +125,7 @@ class TraceEvent:
     macs: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    comm_bytes: int = 0  # a collective's bytes on the wire
 
 
 def trace_events(timer: _Tracing, ledger, resolutions: dict, label: str

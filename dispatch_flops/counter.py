@@ -200,7 +200,8 @@ class FlopCounter:
             calls=calls, spans=tracker.spans(calls) if self.timing else {},
             saved=tracker.saved() if self.saved_activations else {})
         counts = Captured(tracker.ledger, self._mode.resolved)
-        return counts, facts, replace(self._run_facts(), pricing_errors=counts.errors)
+        return counts, facts, replace(self._run_facts(), pricing_errors=counts.errors,
+                                      dtensor_ops=self._mode.logical_ops())
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured
@@ -225,8 +226,10 @@ class FlopCounter:
             if p.is_floating_point():
                 dtype = p.dtype
                 break
+        rank, world_size = _rank_and_world()
         return RunFacts(
             model=self.root_label, has_model=self.model is not None, attention=self.attention,
+            rank=rank, world_size=world_size,
             timing=self.timing, saved_activations=self.saved_activations,
             wall_s=self.wall_s, dtype=str(dtype).replace("torch.", ""),
             device=device.type if device is not None else None,
@@ -262,6 +265,14 @@ class FlopCounter:
         """The ``Profile`` a ``to_json`` file holds (``Profile.from_json``): every view,
         export and plot works on it."""
         return Profile.from_json(path)
+
+
+def _rank_and_world() -> tuple:
+    """(rank, world size) under an initialised torch.distributed, else (None, None)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None, None
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _relay_below(timer: Timer):

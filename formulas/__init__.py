@@ -19,6 +19,7 @@ from ._shapes import SparseInfo
 from .costs import ELEMENT_COSTS
 from . import (  # noqa: F401  (registers)
     attention,
+    collectives,
     conv,
     distance,
     fft,

@@ -45,7 +45,13 @@ dense bytes of the shapes it is given (``numel * dtype.itemsize``), so it names 
 A no-arithmetic op may have a bytes formula too (``Registry.no_arithmetic(..., bytes=f)``):
 it stays in its category and its formula returns 0 flops.
 
-An op falls in exactly one of four categories, kept apart everywhere:
+Communication. A collective or point-to-point op (``c10d``, ``_c10d_functional``) is
+registered with ``Registry.collective``; its formula returns a ``Cost`` with ``comm_bytes``,
+what this rank puts on the wire (the ring convention in docs/conventions.md), and 0 flops. A
+formula that names the keyword ``group_size`` is given the size of the process group the call
+was made on.
+
+An op falls in exactly one of five categories, kept apart everywhere:
 
 * it has a formula (``FORMULA``);
 * it does no arithmetic (``NO_ARITHMETIC``): views, metadata, copies, allocation, indexing;
@@ -53,7 +59,11 @@ An op falls in exactly one of four categories, kept apart everywhere:
 * it has no formula, but a tag it carries (``torch.Tag.pointwise``, ``torch.Tag.reduction``)
   gives a sound family estimate (``ESTIMATED``): priced, and flagged as an estimate in every
   report;
-* it is unknown (``UNSUPPORTED``): reported, never silently priced as zero.
+* it is unknown (``UNSUPPORTED``): reported, never silently priced as zero;
+* it communicates (``COMMUNICATION``): a collective, priced by its bytes on the wire.
+
+Ops registered only when a module is imported (``fsdp::all_gather_copy_in`` appears with
+``torch.distributed.fsdp``) may be named by their qualified name, a string.
 
 The one lookup (``Registry.lookup``): overload override, then packet, then tag estimate, then
 unsupported. A registered formula always wins over an estimate.
@@ -80,6 +90,7 @@ class Cost(NamedTuple):
     macs: int = 0
     bytes_read: Optional[int] = None
     bytes_written: Optional[int] = None
+    comm_bytes: int = 0  # bytes this rank puts on the wire (collectives only)
 
 
 ZERO_COST = Cost(0, 0)
@@ -93,6 +104,7 @@ class Category(enum.Enum):
     NO_ARITHMETIC = "no_arithmetic"
     ESTIMATED = "estimated"
     UNSUPPORTED = "unsupported"
+    COMMUNICATION = "communication"
 
 
 class Movement(enum.Enum):
@@ -116,6 +128,12 @@ UNSUPPORTED_ENTRY = Entry(Category.UNSUPPORTED)
 
 
 def _as_op(op) -> OpLike:
+    if isinstance(op, str):  # "namespace::name": an op registered later, on import
+        if "::" not in op:
+            raise TypeError(f"expected an OpOverload (torch.ops.aten.mm.default), an "
+                            f"OpOverloadPacket (torch.ops.aten.mm), a torch.library custom op "
+                            f"or a qualified name 'namespace::name', got {op!r}")
+        return op
     # A `torch.library.custom_op` returns a CustomOpDef; its overload is what dispatches.
     inner = getattr(op, "_opoverload", None)
     if inner is not None:
@@ -149,6 +167,12 @@ def _packet_of(op: OpLike) -> OpOverloadPacket:
     return op.overloadpacket if isinstance(op, OpOverload) else op
 
 
+def _table_of(op) -> str:
+    if isinstance(op, str):
+        return "_named"
+    return "_overloads" if isinstance(op, OpOverload) else "_packets"
+
+
 class Registry:
     """Formulas keyed by ``OpOverloadPacket``, with optional per-``OpOverload`` overrides.
 
@@ -161,6 +185,7 @@ class Registry:
     def __init__(self) -> None:
         self._packets: dict[OpOverloadPacket, Entry] = {}
         self._overloads: dict[OpOverload, Entry] = {}
+        self._named: dict[str, Entry] = {}  # "namespace::name" of ops registered on import
         self._tag_estimates: dict[torch.Tag, Entry] = {}  # in registration order
         # bumped on every change: callers that cache what they derive from lookups compare it
         self.version = 0
@@ -178,13 +203,12 @@ class Registry:
                 if isinstance(op, OpOverload):
                     taken = op in self._overloads or op.overloadpacket in self._packets
                 else:
-                    taken = op in self._packets
+                    taken = op in getattr(self, _table_of(op))
                 if taken:
                     raise ValueError(f"{op} is already registered (it or its packet has a formula); "
                                      "pass override=True to replace it")
         for op in ops:
-            table = self._overloads if isinstance(op, OpOverload) else self._packets
-            table[op] = entry
+            getattr(self, _table_of(op))[op] = entry
         self.version += 1
 
     def formula(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
@@ -209,6 +233,19 @@ class Registry:
         self._put(self._normalise(ops),
                   Entry(Category.NO_ARITHMETIC, bytes, movement=movement), override)
 
+    def collective(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
+        """Decorator: price the communication ``ops`` with a formula whose ``Cost`` gives
+        ``comm_bytes`` (and 0 flops); it may name ``group_size`` (see the module's
+        docstring)."""
+        ops = self._normalise(ops)
+
+        def decorate(fn: Formula) -> Formula:
+            _check_formula(fn)
+            self._put(ops, Entry(Category.COMMUNICATION, fn), override)
+            return fn
+
+        return decorate
+
     def estimate(self, tag: torch.Tag, fn: Formula, *, override: bool = False) -> None:
         """Price ops that carry ``tag`` and have no formula with ``fn``, flagged as estimated.
         The first registered tag an op carries wins."""
@@ -226,7 +263,9 @@ class Registry:
         if entry is None:
             entry = self._packets.get(op.overloadpacket)
             if entry is None:
-                entry = self._estimate(op)
+                entry = self._named.get(op._schema.name) if self._named else None
+                if entry is None:
+                    entry = self._estimate(op)
         return entry
 
     def _estimate(self, op: OpOverload) -> Entry:
@@ -243,7 +282,10 @@ class Registry:
         op = _as_op(op)
         if isinstance(op, OpOverload):
             category = self.lookup(op).category
-            return category is Category.FORMULA or category is Category.NO_ARITHMETIC
+            return category in (Category.FORMULA, Category.NO_ARITHMETIC,
+                                Category.COMMUNICATION)
+        if isinstance(op, str):
+            return op in self._named
         if op in self._packets:
             return True
         return any(o.overloadpacket is op for o in self._overloads)

@@ -89,7 +89,8 @@ def test_coverage_shares_by_calls_and_bytes():
         c.t()  # not declared in this fresh registry: unsupported
         c.sin()  # estimated: 32 read, 32 written
     cov = fc.coverage()
-    assert dict(cov.calls) == {EXACT: 1, NO_ARITHMETIC: 0, ESTIMATED: 1, UNSUPPORTED: 1}
+    assert dict(cov.calls) == {EXACT: 1, NO_ARITHMETIC: 0, ESTIMATED: 1, UNSUPPORTED: 1,
+                               "communication": 0}
     assert cov.bytes_moved[EXACT] == (32 + 16 + 8) * 4
     assert cov.bytes_moved[ESTIMATED] == 16 * 4
     assert cov.share(EXACT, "calls") == pytest.approx(1 / 3)

@@ -1,0 +1,240 @@
+"""Communication: c10d and functional collectives, point-to-point ops, and FSDP2's copy-in/out.
+
+Every collective costs 0 flops. ``comm_bytes`` is what this rank puts on the wire under the
+ring algorithm, with the NCCL-tests convention (docs/conventions.md): ``S`` is the full
+buffer and ``n`` the size of the process group the call was made on (the engine passes it as
+``group_size``)
+
+    all_reduce                                      S * 2(n - 1) / n   S: the tensor
+    all_gather, reduce_scatter, all_to_all,
+    gather, scatter                                 S * (n - 1) / n    S: gathered output /
+                                                                          unscattered input /
+                                                                          everything sent
+    broadcast, reduce, send                         S
+    recv, barrier, wait_tensor                      0
+
+rounded down to whole bytes. ``bytes_read`` / ``bytes_written`` are the local memory the call
+touches: what it sends is read, what it receives is written (an in-place all-reduce reads and
+writes its tensors; an all-gather reads its input and writes the gathered output). FSDP2's
+``fsdp::all_gather_copy_in``, ``split_with_sizes_copy``, ``chunk_cat`` and ``copy_`` do no
+arithmetic: local copies into and out of the flat all-gather / reduce-scatter buffers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._registry import REGISTRY, Cost, Movement
+
+
+
+class _Namespace:
+    """``torch.ops.<namespace>``'s packets, or the op's qualified name for one not registered
+    yet (some appear when ``torch.distributed`` modules are imported)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, op: str):
+        try:
+            return getattr(getattr(torch.ops, self.name), op)
+        except AttributeError:
+            return f"{self.name}::{op}"
+
+
+c10d = _Namespace("c10d")
+functional = _Namespace("_c10d_functional")
+functional_autograd = _Namespace("_c10d_functional_autograd")
+dtensor = _Namespace("_dtensor")
+
+
+def _nbytes(shape, dtype) -> int:
+    """Dense bytes of one shape, a list of shapes, or a list of lists (``dtype``: the
+    tensor's, or one per element of a list)."""
+    if isinstance(shape, (list, tuple)) and not isinstance(shape, torch.Size):
+        dtypes = dtype if isinstance(dtype, list) else [dtype] * len(shape)
+        return sum(_nbytes(s, d if d is not None else _first(dtype)) for s, d in
+                   zip(shape, dtypes))
+    return math.prod(shape) * dtype.itemsize
+
+
+def _first(dtype):
+    """A dtype from ``dtype`` or the first one of a (nested) list of them."""
+    while isinstance(dtype, list):
+        dtype = next((d for d in dtype if d is not None), None)
+    return dtype
+
+
+def all_reduce_bytes(size: int, n: int) -> int:
+    """Ring all-reduce: a reduce-scatter then an all-gather, each (n - 1)/n of the buffer."""
+    return size * 2 * (n - 1) // n
+
+
+def gather_bytes(size: int, n: int) -> int:
+    """Ring all-gather / reduce-scatter / all-to-all: every chunk but the rank's own."""
+    return size * (n - 1) // n
+
+
+def _cost(comm: int, read: int, written: int) -> Cost:
+    return Cost(0, 0, bytes_read=read, bytes_written=written, comm_bytes=comm)
+
+
+# -- all-reduce -----------------------------------------------------------------------------
+@REGISTRY.collective([c10d.allreduce_, c10d.allreduce_coalesced_, functional.all_reduce,
+                      functional.all_reduce_, functional.all_reduce_coalesced,
+                      functional.all_reduce_coalesced_])
+def all_reduce(tensors, *rest, out_shape, dtypes, group_size):
+    # tensors: the buffer (or list of buffers) reduced in place or into a new one
+    size = _nbytes(tensors, dtypes[0])
+    return _cost(all_reduce_bytes(size, group_size), size, size)
+
+
+# -- all-gather -----------------------------------------------------------------------------
+@REGISTRY.collective(c10d._allgather_base_)
+def allgather_base(output, input, *rest, out_shape, dtypes, group_size):
+    size = _nbytes(output, dtypes[0])  # output: [n * rows, ...], the gathered buffer
+    return _cost(gather_bytes(size, group_size), _nbytes(input, dtypes[1]), size)
+
+
+@REGISTRY.collective([c10d.allgather_, c10d.allgather_coalesced_,
+                      c10d.allgather_into_tensor_coalesced_])
+def allgather_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
+    # outputs: a list of n tensors per input (a list of lists), or one gathered tensor per
+    # input (into_tensor_coalesced); the gathered tensors have the inputs' dtypes
+    dtype = _first(dtypes[1])
+    size = _nbytes(outputs, dtype)
+    return _cost(gather_bytes(size, group_size), _nbytes(inputs, dtypes[1]), size)
+
+
+@REGISTRY.collective([functional.all_gather_into_tensor, functional.all_gather_into_tensor_out,
+                      functional.all_gather_into_tensor_coalesced,
+                      functional_autograd.all_gather_into_tensor])
+def all_gather_into_tensor(input, *rest, out_shape, dtypes, group_size):
+    sent = _nbytes(input, dtypes[0])
+    size = sent * group_size  # the gathered output
+    return _cost(gather_bytes(size, group_size), sent, size)
+
+
+# -- reduce-scatter -------------------------------------------------------------------------
+@REGISTRY.collective(c10d._reduce_scatter_base_)
+def reduce_scatter_base(output, input, *rest, out_shape, dtypes, group_size):
+    size = _nbytes(input, dtypes[1])  # input: the unscattered buffer
+    return _cost(gather_bytes(size, group_size), size, _nbytes(output, dtypes[0]))
+
+
+@REGISTRY.collective([c10d.reduce_scatter_, c10d.reduce_scatter_tensor_coalesced_])
+def reduce_scatter_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
+    dtype = _first(dtypes[0])
+    size = _nbytes(inputs, dtype)
+    return _cost(gather_bytes(size, group_size), size, _nbytes(outputs, dtypes[0]))
+
+
+@REGISTRY.collective([functional.reduce_scatter_tensor, functional.reduce_scatter_tensor_out,
+                      functional.reduce_scatter_tensor_coalesced,
+                      functional_autograd.reduce_scatter_tensor])
+def reduce_scatter_tensor(input, *rest, out_shape, dtypes, group_size):
+    size = _nbytes(input, dtypes[0])
+    return _cost(gather_bytes(size, group_size), size, size // group_size)
+
+
+# -- all-to-all -----------------------------------------------------------------------------
+@REGISTRY.collective([c10d.alltoall_, c10d.alltoall_base_])
+def alltoall(outputs, inputs, *rest, out_shape, dtypes, group_size):
+    size = _nbytes(inputs, dtypes[1])  # everything this rank sends, its own chunk included
+    return _cost(gather_bytes(size, group_size), size, _nbytes(outputs, dtypes[0]))
+
+
+@REGISTRY.collective([functional.all_to_all_single, functional_autograd.all_to_all_single,
+                      dtensor.shard_dim_alltoall])
+def all_to_all_single(input, *rest, out_shape, dtypes, group_size):
+    size = _nbytes(input, dtypes[0])
+    return _cost(gather_bytes(size, group_size), size, math.prod(out_shape) * dtypes[0].itemsize)
+
+
+# -- one to all, all to one -----------------------------------------------------------------
+@REGISTRY.collective([c10d.broadcast_, c10d.reduce_, functional.broadcast,
+                      functional.broadcast_])
+def broadcast(tensors, *rest, out_shape, dtypes):
+    size = _nbytes(tensors, dtypes[0])
+    return _cost(size, size, size)
+
+
+@REGISTRY.collective(c10d.gather_)
+def gather(outputs, inputs, *rest, out_shape, dtypes, group_size):
+    sent = _nbytes(inputs, dtypes[1])
+    received = _nbytes(outputs, _first(dtypes[1]))  # the root's list; empty elsewhere
+    return _cost(gather_bytes(sent * group_size, group_size), sent, received)
+
+
+@REGISTRY.collective(c10d.scatter_)
+def scatter(outputs, inputs, *rest, out_shape, dtypes, group_size):
+    received = _nbytes(outputs, dtypes[0])
+    sent = _nbytes(inputs, _first(dtypes[0]))  # the root's list; empty elsewhere
+    return _cost(gather_bytes(received * group_size, group_size), sent, received)
+
+
+# -- point to point, barriers, waits --------------------------------------------------------
+@REGISTRY.collective([c10d.send, functional.isend])
+def send(tensors, *rest, out_shape, dtypes):
+    size = _nbytes(tensors, dtypes[0])
+    return _cost(size, size, 0)
+
+
+@REGISTRY.collective([c10d.recv_, c10d.recv_any_source_, functional.irecv])
+def recv(tensors, *rest, out_shape, dtypes):
+    return _cost(0, 0, _nbytes(tensors, dtypes[0]))
+
+
+@REGISTRY.collective(functional.batch_p2p_ops)
+def batch_p2p_ops(op_list, peer_list, tag_list, tensors, *rest, out_shape, dtypes):
+    sent = sum(_nbytes(t, d) for op, t, d in zip(op_list, tensors, dtypes[3]) if op == "isend")
+    received = sum(_nbytes(t, d) for op, t, d in zip(op_list, tensors, dtypes[3])
+                   if op != "isend")
+    return _cost(sent, sent, received)
+
+
+@REGISTRY.collective([c10d.barrier, c10d.monitored_barrier_, functional.wait_tensor])
+def synchronise(*args, out_shape):
+    # waits for the others (or, wait_tensor, for an async collective's result): no bytes
+    return _cost(0, 0, 0)
+
+
+@REGISTRY.formula(c10d.check_for_nan)
+def check_for_nan(tensor, *rest, out_shape):
+    return Cost(math.prod(tensor), 0, bytes_written=0)  # one test per element
+
+
+REGISTRY.no_arithmetic([functional._wrap_tensor_autograd, dtensor.mesh_get_process_group],
+                       Movement.NONE)
+
+
+# -- FSDP2's copy-in / copy-out (registered when torch.distributed.fsdp is imported) --------
+def _all_gather_copy_in(inputs, output, *rest, out_shape, dtypes):
+    # copies this rank's shards into its slice of the flat all-gather buffer
+    size = _nbytes(inputs, dtypes[0])
+    return Cost(0, 0, bytes_read=size, bytes_written=size)
+
+
+def _split_with_sizes_copy(output, split_sizes, *rest, out_shape, dtypes, **kwargs):
+    # copies the gathered flat buffer out into the unsharded parameters (out=, same dtype)
+    size = _nbytes(output, dtypes[0])
+    return Cost(0, 0, bytes_read=size, bytes_written=size)
+
+
+def _chunk_cat(tensors, *rest, out_shape, dtypes, **kwargs):
+    # copies the gradients into the flat reduce-scatter input (padding to n chunks)
+    size = _nbytes(tensors, dtypes[0])
+    return Cost(0, 0, bytes_read=size, bytes_written=size)
+
+
+def _fsdp_copy(tensor, data, *rest, out_shape, dtypes):
+    return Cost(0, 0, bytes_read=_nbytes(data, dtypes[1]), bytes_written=_nbytes(tensor, dtypes[0]))
+
+
+fsdp = _Namespace("fsdp")
+for _op, _formula in ((fsdp.all_gather_copy_in, _all_gather_copy_in),
+                      (fsdp.split_with_sizes_copy, _split_with_sizes_copy),
+                      (fsdp.chunk_cat, _chunk_cat), (fsdp.copy_, _fsdp_copy)):
+    REGISTRY.no_arithmetic(_op, Movement.COPY, bytes=_formula)
