@@ -435,6 +435,13 @@ class CountingMode(TorchDispatchMode):
         # guarantee is given once instead, to the code object (below the class).
         return _SKIP_FRAMES is None
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile compiles under this mode (every mode is off while it compiles) and
+        # runs the compiled code under it, instead of skipping the frame and caching the skip
+        # (pytorch#190286); compiled graphs count through _compiled.Graph
+        return True
+
     def __init__(self, registry: Registry, causal_unmasked_only: bool, runner=None):
         super().__init__()
         # runs each op when not None: a _timing.Timer (timing on) or a _meta.MetaRunner; its

@@ -32,6 +32,7 @@ from torch.optim.optimizer import (
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ._records import CALLS, NS
+from ._skip import SKIP_FRAMES
 from ._timing import Timer
 from ._results import BACKWARD, FORWARD, OPTIMIZER, PHASES, RECOMPUTE, ROOT, static_prefixes
 
@@ -92,10 +93,21 @@ def suspendable(frame) -> bool:
     return bool(frame is not None and frame.f_code.co_flags & _SUSPENDABLE)
 
 
+def unwrap_compiled(module: nn.Module) -> nn.Module:
+    """The module a ``torch.compile(module)`` child wraps (named as the child, without
+    ``_orig_mod.``); any other module as it is."""
+    while type(module).__name__ == "OptimizedModule" and isinstance(
+            getattr(module, "_orig_mod", None), nn.Module):
+        module = module._orig_mod
+    return module
+
+
 def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
     """``{id(module): name}`` and the modules, in ``model.named_modules()`` order with its
     names and de-duplication, walked without recursive generators: it runs on every
-    counter's entry."""
+    counter's entry. A ``torch.compile(module)`` wrapper is not a module of its own: it and
+    the module it wraps share the name, without ``_orig_mod.`` (the dict holds both ids, the
+    list the module)."""
     name_of: dict[int, str] = {}
     modules: list[nn.Module] = []
     todo = [(ROOT, model)]
@@ -103,6 +115,12 @@ def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
         name, module = todo.pop()
         if id(module) in name_of:
             continue
+        inner = unwrap_compiled(module)
+        if inner is not module:  # torch.compile(module): its calls are the module's
+            name_of[id(module)] = name
+            module = inner
+            if id(module) in name_of:
+                continue
         name_of[id(module)] = name
         modules.append(module)
         children = module._modules
@@ -555,7 +573,8 @@ class ModuleTracker:
         if frame is None:
             if self._param_owner is None:  # first gradient accumulation: build the map once
                 self._param_owner = {}
-                for name, module in zip(self._name_of.values(), self._modules):
+                for module in self._modules:
+                    name = self._name_of[id(module)]
                     for p in module._parameters.values():
                         if p is not None:
                             self._param_owner.setdefault(id(p), name)
@@ -580,8 +599,8 @@ class ModuleTracker:
         """The model's module names in ``named_modules()`` order (the root alone without a
         model)."""
         if self.every_module:
-            return (ROOT,) + tuple(self._name_of.values())
-        return tuple(self._name_of.values()) if self._name_of else (ROOT,)
+            return (ROOT,) + tuple(self._name_of[id(m)] for m in self._modules)
+        return tuple(self._name_of[id(m)] for m in self._modules) if self._modules else (ROOT,)
 
     def types_and_params(self) -> tuple[tuple, tuple]:
         """Each module's class name and parameters (``sum(p.numel() for p in
@@ -634,3 +653,11 @@ class ModuleTracker:
             inner = above | {frame.name}
             todo.extend((child, inner) for child in frame.children.values())
         return out
+
+
+# torch.compile(model) runs the model's own module call, hooks and all, outside dynamo and
+# compiles the first frame it meets below it: the hooks' frames are ours, never dynamo's
+if SKIP_FRAMES is not None:
+    for _hook in (ModuleTracker._push, ModuleTracker._pop, ModuleTracker._step_begins,
+                  ModuleTracker._step_ends, ModuleTracker.pack, ModuleTracker.unpack):
+        SKIP_FRAMES(_hook.__code__)

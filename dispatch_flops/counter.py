@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dispatch_flops.formulas import REGISTRY, Registry
 
+from . import _compiled
 from ._meta import MetaRunner
 from ._mode import CountingMode, GuardedCountingMode, exit_mode
 from ._profile import ModuleFacts, Profile, RunFacts
@@ -28,6 +29,7 @@ from ._trace import is_tracing, new_timer, trace_events
 from ._tracker import ModuleTracker, ledger_for, suspendable
 
 ATTENTION_MODES = ("dense", "causal")
+_compiled.install()  # graphs dynamo compiles from now on count when a counter runs
 
 
 class FlopCounter:
@@ -69,6 +71,9 @@ class FlopCounter:
                             ("trace", trace)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
+        # torch.compile(model): count the user's module, under its own names (its graphs
+        # count through _compiled)
+        model = _compiled.unwrap(model)
         self.model = model
         self.attention = attention
         self.registry = registry if registry is not None else REGISTRY
@@ -130,6 +135,7 @@ class FlopCounter:
             tracker.close()
             _unrelay(relay)
             raise
+        _compiled.enter(mode, tracker)
         self._saved_hooks = saved_hooks
         self._relay = relay
         self._tracker, self._mode, self._active = tracker, mode, True
@@ -147,6 +153,7 @@ class FlopCounter:
                 self._saved_hooks = None
             exit_mode(self._mode, exc_type, exc, tb)  # wherever it is on the stack
         finally:
+            _compiled.leave(self._mode)
             tracker.detach()
             _unrelay(self._relay)
             self._relay = None

@@ -1,0 +1,504 @@
+"""Compiled models: counted as they run compiled, and never left de-compiled.
+
+**Never de-compile.** Dynamo refuses to compile a frame while a dispatch mode is on the stack,
+and caches that refusal on the code object (pytorch#190286): one counted step used to leave
+a compiled model eager for the rest of the process. Where torch has
+``TorchDispatchMode.ignore_compile_internals`` (2.9 and later, PR#161648) the counting mode
+says True: dynamo compiles and runs compiled code under it, with every mode switched off while
+compiling. Dynamo would still trace the counter's global module and optimizer hooks into the
+graphs it compiles meanwhile (a graph break at each module call, baked into the cache); the
+counter takes its hooks out of torch's global hook dicts for the duration of every compile
+(dynamo's compile start and end callbacks) and puts them back after. On older torch (no
+``ignore_compile_internals``) dynamo skips frames under the mode as before and the counted
+step runs eagerly, counted as eager; ``_restore_skipped`` then undoes the cached refusals of
+the frames skipped while counting (see there).
+
+**Count what compiled code runs.** Every graph dynamo hands to a backend (inductor or any
+other) is wrapped in a ``Graph`` (``install``, once, when this package is imported: graphs
+compiled earlier are not seen). Outside a counter a graph call costs one Python call more.
+Inside one, the graph's work is priced once per counter's ledger, enclosing frame and input
+shapes: its GraphModule is re-run on fake tensors under the counter's own mode, node by node
+in the frame its ``nn_module_stack`` names (the user's module names: the stack holds the
+modules themselves), then its backward on fake gradients; what that adds to the ledger's
+records, forward and backward apart, are the graph's counts. Each real run of the graph then
+adds its forward counts (one loop over its records), runs with the counter's accumulators
+pointed at a sink (the extern kernels it still dispatches are in the counts already) and adds
+its backward counts when autograd first runs one of the nodes it made (the nodes' sequence
+numbers are mapped to the sink too). So compiled counts are eager's counts of the same graph:
+the same formulas, signatures and attribution, with no second pricing path and no double
+counting; what inductor fuses or decomposes does not change them.
+"""
+
+from __future__ import annotations
+
+import threading
+from operator import itemgetter
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._records import CALLS, NS
+from ._results import PHASES, ROOT
+
+_calls = itemgetter(CALLS)
+_ns = itemgetter(NS)
+_sequence_nr = torch.autograd._get_sequence_nr
+
+# (mode, tracker) of every counter counting now; graphs look here on every run
+ACTIVE: list = []
+_LOCK = threading.Lock()
+
+
+def has_ignore_compile_internals() -> bool:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    return hasattr(TorchDispatchMode, "ignore_compile_internals")
+
+
+class _Sink(dict):
+    """An accumulator that keeps nothing: every key reads one throwaway record."""
+
+    __slots__ = ("record",)
+
+    def __init__(self):
+        super().__init__()
+        self.record = [0, 0, None]
+
+    def get(self, key, default=None):
+        return self.record
+
+
+class _SinkFrame:
+    """Where the boundary lists send the backward ops of a compiled graph's nodes."""
+
+    __slots__ = ("acc", "name", "parent", "stack")
+
+    def __init__(self):
+        self.acc = tuple(_Sink() for _ in PHASES)
+        self.name = "<compiled>"
+        self.parent = None
+        self.stack = ()
+
+
+SINK_FRAME = _SinkFrame()
+SINK = SINK_FRAME.acc[0]
+
+
+class _Priced:
+    """A graph's counts in one ledger: ``(record, calls)`` pairs of its forward and of its
+    backward, and the frames whose module calls it makes."""
+
+    __slots__ = ("ledger", "forward", "backward", "calls")
+
+    def __init__(self, ledger, forward, backward, calls):
+        self.ledger = ledger
+        self.forward = forward
+        self.backward = backward
+        self.calls = calls
+
+
+class Graph:
+    """A compiled graph as dynamo calls it: runs ``compiled`` (what the backend returned),
+    counted by every counter active on this thread."""
+
+    def __init__(self, gm, compiled):
+        self.gm = gm
+        self.compiled = compiled
+        # dynamic shapes: input shapes are part of what is priced
+        self.dynamic = any(_symbolic(n.meta.get("example_value"))
+                           for n in gm.graph.nodes if n.op == "placeholder")
+        # dynamo reuses one graph for every instance of a module class whose code it compiled
+        # (parameters are inputs): the first parameter input tells which instance runs it
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.owners = [(i, _innermost(n)) for i, n in enumerate(placeholders)
+                       if isinstance(n.meta.get("example_value"), torch.nn.Parameter)]
+        self.priced: dict = {}  # (ledger, forward acc, shapes, instance) -> _Priced
+        self.runs = 0  # runs counted, over every counter (tests read it)
+
+    def __call__(self, *args, **kwargs):
+        if not ACTIVE:
+            return self.compiled(*args, **kwargs)
+        return self._counted(args, kwargs)
+
+    def _counted(self, args, kwargs):
+        ident = threading.get_ident()
+        mine = [(m, t) for m, t in ACTIVE if t.thread == ident and t.mode is m
+                and m.tracker is t]
+        if not mine:
+            return self.compiled(*args, **kwargs)
+        shapes = tuple(a.shape if isinstance(a, Tensor) else a for a in args
+                       if isinstance(a, (Tensor, int))) if self.dynamic else ()
+        runs = []
+        for mode, tracker in mine:
+            instance = id(args[self.owners[0][0]]) if self.owners and \
+                len(args) > self.owners[0][0] else None
+            key = (id(tracker.ledger), id(mode.forward_acc), shapes, instance)
+            priced = self.priced.get(key)
+            if priced is None or priced.ledger is not tracker.ledger:
+                priced = self.priced[key] = self._price(mode, tracker, args, kwargs)
+            runs.append((mode, tracker, priced))
+        saved = []
+        for mode, tracker, priced in runs:
+            for rec, n in priced.forward:
+                rec[CALLS] += n
+            for frame, n in priced.calls:
+                frame.calls += n
+            saved.append(mode.forward_acc)
+            mode.forward_acc = SINK
+        first = _sequence_nr()
+        try:
+            # no mode on the stack while it runs: what it dispatches is counted already, and
+            # a Python mode slows a compiled graph's every dispatched op
+            with _no_modes():
+                out = self.compiled(*args, **kwargs)
+        finally:
+            for (mode, tracker, priced), acc in zip(runs, saved):
+                mode.forward_acc = acc
+        last = _sequence_nr()
+        self.runs += 1
+        if last > first:  # nodes made: their backward is counted once, when it first runs
+            for mode, tracker, priced in runs:
+                _sink_backward(tracker, first, last)
+                if priced.backward:
+                    _add_on_backward(out, first, last, mode, tracker, priced.backward)
+        return out
+
+    def _renames(self, tracker, args) -> dict:
+        """``{name at compile time: name now}`` of the modules whose parameters this run
+        passes: another instance of the same class can run a graph compiled for one."""
+        renames = {}
+        owner_of = _owners(tracker)
+        for i, key in self.owners:
+            if i < len(args) and key is not None:
+                then = tracker._name_of.get(key)
+                now = owner_of.get(id(args[i]))
+                if then is not None and now is not None and then != now:
+                    renames[then] = now
+        return renames
+
+    def _price(self, mode, tracker, args, kwargs) -> _Priced:
+        """Run the graph on fake copies of ``args`` under ``mode`` alone, each node in the
+        frame of its module stack, then its backward: the records it counted into, and how
+        many calls (taken out again)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        ledger = tracker.ledger
+        records = ledger.records
+        state = (tracker.current, mode.forward_acc, len(tracker.boundary_seqs),
+                 mode._last, mode.recomputing)
+        before = (list(map(_calls, records)), list(map(_ns, records)))
+        with _disable_current_modes():
+            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            fake = [fake_mode.from_tensor(a) if isinstance(a, Tensor) else a for a in args]
+        frames = _FrameMap(tracker, state[0], self._renames(tracker, args))
+        try:
+            with _disable_current_modes(), mode, torch.enable_grad() \
+                    if torch.is_grad_enabled() else _nullcontext():
+                outs = _Interpreter(self.gm, frames).run(*fake)
+                tracker.current = state[0]
+                mode.forward_acc = state[1]
+                middle = list(map(_calls, records))
+                outs = [o for o in _flat(outs) if isinstance(o, Tensor) and o.requires_grad]
+                inputs = [a for a in fake if isinstance(a, Tensor) and a.requires_grad]
+                if outs and inputs:
+                    with _disable_current_modes():
+                        # as a loss reduced outside the graph hands it: one value, expanded
+                        grads = [torch.ones((), dtype=o.dtype, device=o.device).expand(o.shape)
+                                 for o in outs]
+                    torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+        finally:
+            tracker.current, mode.forward_acc = state[0], state[1]
+            del tracker.boundary_seqs[state[2]:]
+            del tracker.boundary_frames[state[2]:]
+            mode._last, mode.recomputing = state[3], state[4]
+        after = list(map(_calls, records))
+        # metadata queries fake tensors answer through dispatch (prim.device): eager has none
+        fake_only = set()
+        for frame in ledger.frames:
+            for acc in frame.acc:
+                for key, rec in acc.items():
+                    op = key if key.__class__ is int else key[0]
+                    resolved = mode.resolved.get(op) or mode.resolved.get(-op)
+                    if resolved is not None and resolved.func.namespace == "prim":
+                        fake_only.add(id(rec))
+        forward, backward = [], []
+        calls0, ns0 = before
+        for i, rec in enumerate(records):
+            was = calls0[i] if i < len(calls0) else 0
+            mid = middle[i] if i < len(middle) else 0
+            if id(rec) in fake_only:
+                pass
+            elif mid > was:
+                forward.append((rec, mid - was))
+            if id(rec) not in fake_only and after[i] > mid:
+                backward.append((rec, after[i] - mid))
+            rec[CALLS] = was  # the pricing run counts nothing itself
+            rec[NS] = ns0[i] if i < len(ns0) else 0
+        return _Priced(ledger, forward, backward, list(frames.calls.items()))
+
+
+def _no_modes():
+    from torch.utils._python_dispatch import _disable_current_modes
+    return _disable_current_modes()
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _symbolic(value) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
+        return True
+    if isinstance(value, Tensor):
+        return any(isinstance(s, torch.SymInt) for s in value.shape)
+    return False
+
+
+def _flat(out):
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            yield from _flat(o)
+    elif isinstance(out, dict):
+        for o in out.values():
+            yield from _flat(o)
+    else:
+        yield out
+
+
+def _sink_backward(tracker, first: int, last: int) -> None:
+    """Backward ops of nodes numbered ``first`` to ``last - 1`` (made by a compiled graph's
+    run: their work is in its backward counts) go to the sink."""
+    seqs, frames = tracker.boundary_seqs, tracker.boundary_frames
+    if seqs[-1] > first:  # a boundary inside the run: leave attribution as it is
+        return
+    seqs.append(first)
+    frames.append(SINK_FRAME)
+    seqs.append(last)
+    frames.append(tracker.current)
+
+
+def _add_on_backward(out, first, last, mode, tracker, backward) -> None:
+    """Add ``backward`` to the records when autograd first runs a node the graph's run made
+    (while the same counter still counts)."""
+    done = []
+
+    def hook(*_):
+        if not done and mode.tracker is tracker:
+            done.append(True)
+            for rec, n in backward:
+                rec[CALLS] += n
+
+    seen = set()
+    for o in _flat(out):
+        node = o.grad_fn if isinstance(o, Tensor) else None
+        if node is not None and first <= node._sequence_nr() < last and id(node) not in seen:
+            seen.add(id(node))
+            node.register_prehook(hook)
+
+
+def _innermost(node) -> Optional[int]:
+    """The id of the innermost module in a node's ``nn_module_stack`` (None if not one)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    for key in reversed(list(stack)):
+        try:
+            return int(key)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _owners(tracker) -> dict:
+    """``{id(parameter): name of the module holding it}``, once per tracker."""
+    owners = getattr(tracker, "_compiled_owners", None)
+    if owners is None:
+        owners = {}
+        for module in tracker._modules:
+            name = tracker._name_of[id(module)]
+            for p in module._parameters.values():
+                if p is not None:
+                    owners.setdefault(id(p), name)
+        tracker._compiled_owners = owners
+    return owners
+
+
+def _renamed(name: str, renames: dict) -> str:
+    """``name`` with the longest renamed module prefix replaced."""
+    if not renames:
+        return name
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:cut])
+        if prefix in renames:
+            return ".".join([renames[prefix]] + parts[cut:]) if cut < len(parts) \
+                else renames[prefix]
+    return name
+
+
+class _FrameMap:
+    """Frames for a graph's nodes from their ``nn_module_stack``, under ``home`` (the frame
+    running when the graph was called), and the module calls the graph makes."""
+
+    def __init__(self, tracker, home, renames=None):
+        self.tracker = tracker
+        self.home = home
+        self.renames = renames or {}
+        self.cache: dict = {}
+        self.calls: dict = {}
+        self._open: tuple = ()
+
+    def frame(self, stack) -> object:
+        key = tuple(stack)
+        levels = self.cache.get(key)
+        if levels is None:  # (module key, its frame or None when not the model's) per level
+            tracker = self.tracker
+            frame, levels = self.home, []
+            for module_key, value in stack.items():
+                name = _module_name(tracker, module_key, value)
+                if name is not None:
+                    name = _renamed(name, self.renames)
+                if name is None or name == ROOT or name in frame.stack:
+                    levels.append((module_key, None))
+                    continue
+                # a module outside the running one (the running frame can be left over from
+                # a call that broke the graph): from the innermost frame that holds it
+                while frame.parent is not None and not name.startswith(frame.name + "."):
+                    frame = frame.parent
+                frame = frame.child(name, tracker.ledger.frames)
+                tracker._first_frames.setdefault(name, frame)
+                levels.append((module_key, frame))
+            self.cache[key] = levels = (frame, levels)
+        # a module is called where the stack gains it (consecutive nodes share the call)
+        for module_key, frame in levels[1]:
+            if frame is not None and module_key not in self._open:
+                self.calls[frame] = self.calls.get(frame, 0) + 1
+        self._open = key
+        return levels[0]
+
+
+def _module_name(tracker, key, value) -> Optional[str]:
+    """The user's name of a module in an ``nn_module_stack`` entry: its key is the module's
+    id on torch >= 2.5 (``value``: ``(path, type)``); an older key is a path, not resolved."""
+    try:
+        return tracker._name_of.get(int(key))
+    except (TypeError, ValueError):
+        return None
+
+
+class _Interpreter(torch.fx.Interpreter):
+    def __init__(self, gm, frames: _FrameMap):
+        super().__init__(gm)
+        self.frames = frames
+        self.current = None
+
+    def run_node(self, n):
+        if n.op in ("call_function", "call_method", "call_module"):
+            frame = self.frames.frame(n.meta.get("nn_module_stack") or {})
+            if frame is not self.current:
+                self.current = frame
+                self.frames.tracker._enter(frame)
+        return super().run_node(n)
+
+
+def unwrap(module):
+    """The user's module inside ``torch.compile(module)`` (an ``OptimizedModule``)."""
+    orig = getattr(module, "_orig_mod", None)
+    while orig is not None and type(module).__name__ == "OptimizedModule" and \
+            isinstance(orig, torch.nn.Module):
+        module, orig = orig, getattr(orig, "_orig_mod", None)
+    return module
+
+
+# -- installing ---------------------------------------------------------------------------
+_INSTALLED = []
+
+
+def install() -> None:
+    """Wrap every graph dynamo compiles from now on in a ``Graph`` (once per process)."""
+    with _LOCK:
+        if _INSTALLED:
+            return
+        try:
+            from torch._dynamo.output_graph import OutputGraph
+        except ImportError:  # no dynamo: nothing is compiled
+            return
+        original = OutputGraph.call_user_compiler
+
+        def call_user_compiler(self, gm, *args, **kwargs):
+            compiled = original(self, gm, *args, **kwargs)
+            if getattr(self, "export", False):
+                return compiled
+            return Graph(gm, compiled)
+
+        call_user_compiler.__wrapped__ = original
+        OutputGraph.call_user_compiler = call_user_compiler
+        _INSTALLED.append(original)
+
+
+# -- while a counter counts ---------------------------------------------------------------
+def _hook_dicts():
+    from torch.nn.modules import module as m
+    from torch.optim import optimizer as o
+    names = [(m, "_global_forward_pre_hooks"), (m, "_global_forward_hooks"),
+             (m, "_global_forward_hooks_always_called"),
+             (o, "_global_optimizer_pre_hooks"), (o, "_global_optimizer_post_hooks")]
+    return [getattr(mod, name) for mod, name in names if hasattr(mod, name)]
+
+
+_HIDDEN: list = []  # (dict, key, value) taken out for a compile
+
+
+def _hide_hooks(*_) -> None:
+    """At a compile's start: take the counters' hooks out of torch's global hook dicts, so
+    that dynamo neither traces them into the graph nor breaks it at every module call."""
+    mine = set()
+    for _, tracker in list(ACTIVE):
+        mine.update(h.id for h in tracker._handles)
+    if not mine:
+        return
+    for d in _hook_dicts():
+        for key in [k for k in d if k in mine]:
+            _HIDDEN.append((d, key, d.pop(key)))
+
+
+def _show_hooks(*_) -> None:
+    while _HIDDEN:
+        d, key, value = _HIDDEN.pop()
+        d[key] = value
+
+
+def _callbacks():
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:
+        return None
+    return callback_handler
+
+
+def enter(mode, tracker) -> None:
+    """A counter starts: its graphs count, its hooks are hidden from compiles."""
+    with _LOCK:
+        if not ACTIVE:
+            handler = _callbacks()
+            if handler is not None:
+                handler.register_start_callback(_hide_hooks)
+                handler.register_end_callback(_show_hooks)
+        ACTIVE.append((mode, tracker))
+
+
+def leave(mode) -> None:
+    with _LOCK:
+        ACTIVE[:] = [(m, t) for m, t in ACTIVE if m is not mode]
+        if not ACTIVE:
+            handler = _callbacks()
+            if handler is not None:
+                for remove, fn in ((handler.remove_start_callback, _hide_hooks),
+                                   (handler.remove_end_callback, _show_hooks)):
+                    try:
+                        remove(fn)
+                    except ValueError:
+                        pass
