@@ -35,6 +35,7 @@ from ._results import (
     COUNTS,
     ESTIMATED,
     FORWARD,
+    GLOBAL,
     MODEL_PHASES,
     PHASES,
     ROOT,
@@ -73,7 +74,7 @@ class RunFacts:
     block's wall time (timing on), the steps it holds (``merge`` adds them), and the rank and
     world size (``None`` outside ``torch.distributed``)."""
 
-    model: str = "global"
+    model: str = GLOBAL  # the root's label: the model's class name
     has_model: bool = False
     attention: str = "dense"
     timing: bool = False
@@ -426,9 +427,15 @@ class Profile(TorchCompat):
         return flops / (self.wall_s * self.device(device).peak_flops(dtype or self.dtype))
 
     # -- output -----------------------------------------------------------------------------
-    def table(self, depth: int = 2) -> str:
-        """The module tree to ``depth`` (0 = root only) with human units and % of total."""
-        return module_table(self, depth)
+    def table(self, depth: int = 2, *, columns: Optional[list] = None,
+              width: Optional[int] = None, ops: int = 0) -> str:
+        """The module tree to ``depth`` (0 = root only): each module's type, calls,
+        parameters, counts in human units and % of total. It fits ``width`` characters (the
+        terminal's, 100 when output is not a terminal) by abbreviating headers, dropping the
+        least needed columns, then shortening module names; ``columns`` (keys of
+        ``dispatch_flops._report.COLUMN_KEYS``, in order) picks them instead. ``ops=k``
+        lists each module's k operators with the most flops under its row."""
+        return module_table(self, depth, columns=columns, width=width, ops=ops)
 
     def __str__(self) -> str:
         return self.table()
