@@ -531,9 +531,32 @@ class ModuleTracker:
     def unpack(tensor):
         return tensor
 
-    def _step_begins(self, optimizer, args, kwargs) -> None:
+    def _step_begins(self, optimizer, args, kwargs):
         self._optimizer_depth += 1  # modules called inside the step stay in its phase
         self._aim(phase_changed=True)
+        # torch hands the hook step's arguments with the optimizer first
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if callable(closure):  # what the closure runs is the training step, not the step's
+            wrapped = self._outside_the_step(closure)
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": wrapped}
+            return tuple(args[:1]) + (wrapped,) + tuple(args[2:]), kwargs
+        return None
+
+    def _outside_the_step(self, closure):
+        """``closure`` run out of the optimizer's phase: an optimizer's closure (LBFGS,
+        Lightning's automatic optimization) runs the model's forward and backward."""
+
+        def run(*args, **kwargs):
+            depth, self._optimizer_depth = self._optimizer_depth, 0
+            self._aim(phase_changed=True)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self._optimizer_depth = depth
+                self._aim(phase_changed=True)
+
+        return run
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
         self._optimizer_depth = max(0, self._optimizer_depth - 1)

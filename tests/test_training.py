@@ -294,8 +294,8 @@ def test_recompute_includes_ops_between_modules(mode):
 
 
 def test_module_called_inside_a_step_keeps_the_optimizer_phase():
-    """A module run inside optimizer.step() (an EMA model, a closure) counts in phase
-    optimizer, under that module, and the step's own ops after it stay in that phase."""
+    """A module run inside optimizer.step() (an EMA model) counts in phase optimizer, under
+    that module, and the step's own ops after it stay in that phase."""
     model = stacked_linears([4, 4, 2])
 
     class Probing(torch.optim.SGD):
@@ -313,3 +313,33 @@ def test_module_called_inside_a_step_keeps_the_optimizer_phase():
     assert fc.by_module("optimizer")["0"].exclusive.macs == 2 * 4 * 4
     n = sum(p.numel() for p in model.parameters())
     assert fc.by_module("optimizer")[ROOT].exclusive.flops >= 2 * n  # SGD after the call
+
+
+def test_an_optimizer_closure_is_the_training_step():
+    """What a closure passed to optimizer.step() runs (LBFGS, Lightning's automatic
+    optimization) is forward, backward and other, as without the closure; only the update
+    is optimizer."""
+    x = torch.randn(3, 4)
+
+    def run(with_closure: bool):
+        model = stacked_linears([4, 4, 2])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def closure():
+            opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+
+        with FlopCounter(model) as fc:
+            if with_closure:
+                opt.step(closure)
+            else:
+                closure()
+                opt.step()
+        return fc
+
+    plain, closed = run(False), run(True)
+    for phase in ("forward", "backward", "other", "optimizer"):
+        assert closed.by_phase()[phase].flops == plain.by_phase()[phase].flops, phase
+    assert closed.model_flops() == plain.model_flops() > 0
