@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from . import FlopCounter, get_model_profile, profile
+from . import FlopCounter, FlopsProfiler, profile
 from .counter import ATTENTION_MODES
 from .models import GPT, GPTConfig
 
@@ -22,17 +22,20 @@ EXAMPLES = """\
 examples:
   dispatch-flops
       the built-in GPT demo (4 layers, d_model 256), forward + backward, on the CPU
-  dispatch-flops torchvision.models:resnet18 --input-shape 1,3,224,224 --depth 2
+  dispatch-flops dispatch_flops.models:GPT --input-shape 1,128 --input-dtype int64 --depth 2
   dispatch-flops my_models.py:build --input-shape 8,128 --input-dtype int64 --backward
-  dispatch-flops torchvision.models:resnet50 --input-shape 32,3,224,224 --dtype bf16 \\
+  dispatch-flops my_models.py:build --input-shape 8,128 --input-dtype int64 --dtype bf16 \\
       --device cuda --backward --timing --repeat 10 --trace trace.json --json run.json
   dispatch-flops my_models.py:llama_70b --input-shape 1,4096 --input-dtype int64 --device meta
 
 MODULE:FACTORY is a module on the Python path (the current directory included), or a .py
 file, and a callable in it that takes no arguments and returns a torch.nn.Module (a class
-works). It is called under `with torch.device(DEVICE)`, so --device meta builds even a very
-large model without allocating it (shape-only counting). Inputs are random normals
-(integers in [0, 2) with an integer --input-dtype), one per --input-shape, seeded.
+works); my_models.py above is yours, e.g. `def build(): return MyModel()`. It is called under
+`with torch.device(DEVICE)`, so --device meta builds even a very large model without
+allocating it (shape-only counting). Inputs are random normals (integers in [0, 2) with an
+integer --input-dtype), one per --input-shape, seeded. The model runs in eval mode, forward
+only, unless --train (train mode) or --backward (train mode, forward + backward); the demo
+runs forward + backward in train mode. The table and --deepspeed report the same run.
 --trace turns --timing on; open the trace at ui.perfetto.dev or chrome://tracing.
 """
 
@@ -84,7 +87,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="cpu (default), cuda, cuda:N, or meta (shapes only, no data)")
     parser.add_argument("--backward", action="store_true",
                         help="also run .sum().backward() on the output (its logits, or its "
-                             "first tensor)")
+                             "first tensor); the model in train mode")
+    parser.add_argument("--train", action="store_true",
+                        help="the model in train mode (dropout, batch-norm statistics); "
+                             "default: eval mode unless --backward")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense",
                         help="count all (query, key) pairs, or only causal ones")
     parser.add_argument("--timing", action="store_true",
@@ -93,15 +99,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
     parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
-    parser.add_argument("--seq-len", type=int, default=128,
-                        help="the demo's tokens (default 128; demo only)")
+    parser.add_argument("--seq-len", type=int,
+                        help="the demo's tokens (default 128; demo only: a model's inputs "
+                             "are --input-shape)")
+    parser.add_argument("--width", type=int,
+                        help="the table's width in characters (default: the terminal's, 100 "
+                             "when output is not a terminal)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON (to_json)")
     parser.add_argument("--csv", metavar="PATH", help="write module x phase x op rows as CSV")
     parser.add_argument("--trace", metavar="PATH",
                         help="write a Chrome/Perfetto trace of the first timed run "
                              "(turns --timing on)")
     parser.add_argument("--deepspeed", action="store_true",
-                        help="also print DeepSpeed's flops-profiler report")
+                        help="also print DeepSpeed's flops-profiler report of the same step, "
+                             "in the same mode")
     return parser
 
 
@@ -177,6 +188,41 @@ def _fail(message: str) -> None:
     sys.exit(f"dispatch-flops: error: {message}")
 
 
+def _writable(path: str) -> bool:
+    """Whether a file can be written at ``path`` (its folder exists and takes files)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return False
+    if os.path.exists(path):
+        return os.access(path, os.W_OK)
+    return os.path.isdir(folder) and os.access(folder, os.W_OK)
+
+
+def _why_not(path: str) -> str:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory"
+    if not os.path.isdir(folder):
+        return f"no directory {folder}"
+    return "permission denied"
+
+
+def _deepspeed(model, inputs, step, args, device) -> None:
+    """DeepSpeed's printout of the step the table counted, in the same mode; its module
+    figures are the forward's, the rest of the step in its summary."""
+    timing = device.type != "meta"
+    for _ in range(args.warmup if timing else 0):  # as get_model_profile's warm_up
+        step(*inputs)
+    prof = FlopsProfiler(model, timing=timing)
+    prof.start_profile()
+    try:
+        step(*inputs)
+    finally:
+        prof.stop_profile()
+    prof.print_model_profile(profile_step=1, module_depth=args.depth, detailed=True)
+    prof.end_profile()
+
+
 def _tensor_to_reduce(out) -> Optional[torch.Tensor]:
     """What ``--backward`` differentiates: the output, its ``logits``, or its first tensor."""
     if isinstance(out, torch.Tensor):
@@ -226,11 +272,23 @@ def main(argv=None) -> None:
     if args.timing and device.type == "meta":
         parser.error("--timing / --trace need a real device: meta tensors hold no data and "
                      "take no time")
+    if args.width is not None and args.width < 40:
+        parser.error("--width must be >= 40")
+    if args.model is not None and args.seq_len is not None:
+        parser.error("--seq-len sets the demo's tokens only; give a model's inputs with "
+                     "--input-shape")
+    for option in ("json", "csv", "trace"):
+        path = getattr(args, option)
+        if path and not _writable(path):
+            parser.error(f"--{option} {path}: cannot write there ({_why_not(path)})")
     torch.manual_seed(0)
     if args.model is None:
         model, inputs, label, step = _demo(parser, args, device)
     else:
         model, inputs, label, step = _user_model(parser, args, device)
+    training = args.model is None or args.train or args.backward
+    model.train(training)
+    label += ", train mode" if training else ", eval mode"
     timing = f", timed: median of {args.repeat} runs after {args.warmup} warm-up" \
         if args.timing else ""
     start = time.perf_counter()
@@ -246,20 +304,24 @@ def main(argv=None) -> None:
         _fail(f"running {label} failed: {type(e).__name__}: {e}")
     elapsed = time.perf_counter() - start
     print(f"{label}{timing} ({elapsed:.2f} s in all)\n")
-    print(fc.table(depth=args.depth))
+    print(fc.table(depth=args.depth, width=args.width))
     for path, write in ((args.json, fc.to_json), (args.csv, fc.to_csv),
                         (args.trace, fc.to_chrome_trace)):
         if path:
-            write(path)
+            try:
+                write(path)
+            except OSError as e:
+                _fail(f"cannot write {path}: {e.strerror or e}")
             print(f"wrote {path}", file=sys.stderr)
     if args.deepspeed:
         print()
-        get_model_profile(model, args=list(inputs), print_profile=True, detailed=True,
-                         module_depth=args.depth, warm_up=args.warmup)
+        _deepspeed(model, inputs, step, args, device)
 
 
 def _demo(parser, args, device):
     cfg = GPTConfig()
+    if args.seq_len is None:
+        args.seq_len = 128
     if not 1 <= args.seq_len <= cfg.max_seq_len:
         parser.error(f"--seq-len must be between 1 and {cfg.max_seq_len}")
     with device:

@@ -35,6 +35,7 @@ from ._results import (
     COUNTS,
     ESTIMATED,
     FORWARD,
+    GLOBAL,
     MODEL_PHASES,
     PHASES,
     ROOT,
@@ -75,7 +76,7 @@ class RunFacts:
     calls the rank's counts unwrap, at their global (logical) shapes: ``(overload, shapes,
     calls, flops, macs)`` each (see ``Profile.logical``)."""
 
-    model: str = "global"
+    model: str = GLOBAL  # the root's label: the model's class name
     has_model: bool = False
     attention: str = "dense"
     timing: bool = False
@@ -460,13 +461,19 @@ class Profile(TorchCompat):
             dtype or self.dtype))
 
     # -- output -----------------------------------------------------------------------------
-    def table(self, depth: int = 2, *, ranks: bool = False) -> str:
-        """The module tree to ``depth`` (0 = root only) with human units and % of total;
-        ``ranks=True`` (a gathered Profile) adds min / max over ranks columns."""
+    def table(self, depth: int = 2, *, columns: Optional[list] = None,
+              width: Optional[int] = None, ops: int = 0, ranks: bool = False) -> str:
+        """The module tree to ``depth`` (0 = root only): each module's type, calls,
+        parameters, counts in human units and % of total. It fits ``width`` characters (the
+        terminal's, 100 when output is not a terminal) by abbreviating headers, dropping the
+        least needed columns, then shortening module names; ``columns`` (keys of
+        ``dispatch_flops._report.COLUMN_KEYS``, in order) picks them instead. ``ops=k``
+        lists each module's k operators with the most flops under its row. ``ranks=True``
+        (a gathered Profile) adds min / max over ranks columns."""
         if ranks and not self.ranks:
             raise ValueError("table(ranks=True) needs a gathered Profile: "
                              "dispatch_flops.distributed.gather(fc)")
-        return module_table(self, depth, ranks=ranks)
+        return module_table(self, depth, columns=columns, width=width, ops=ops, ranks=ranks)
 
     def __str__(self) -> str:
         return self.table()

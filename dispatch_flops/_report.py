@@ -1,88 +1,294 @@
-"""The text table. Reads finished results only; never touches the dispatch mode."""
+"""The text table. Reads finished results only; never touches the dispatch mode.
+
+Columns are declared once in ``COLUMNS``: a key (what ``table(columns=...)`` names), a header
+and its abbreviation, a priority (the lower, the longer it stays when the table must narrow; columns of
+one priority go together),
+when it applies to a run, and how a row's cell reads. A new column is one more entry. The
+table fits ``width`` characters (the terminal's; 100 when output is not a terminal): first
+the headers are abbreviated, then the columns of highest priority number dropped, the
+module names shortened last.
+"""
 
 from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 from tabulate import tabulate
 
 from ._format import duration, human
 from ._results import (BACKWARD, COMMUNICATION, ESTIMATED, EXACT, FORWARD, NO_ARITHMETIC,
-                       OPTIMIZER, PHASES, MODEL_PHASES, RECOMPUTE, ROOT, UNSUPPORTED, depth_of)
+                       OPTIMIZER, OTHER, PHASES, MODEL_PHASES, RECOMPUTE, ROOT, UNSUPPORTED,
+                       depth_of)
 
-_PHASE_HEADERS = {FORWARD: "Fwd FLOPs", BACKWARD: "Bwd FLOPs", OPTIMIZER: "Opt FLOPs",
-                  RECOMPUTE: "Recompute FLOPs"}
+DEFAULT_WIDTH = 100  # when the output is not a terminal
+NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)
+
+_PHASE_HEADERS = {FORWARD: ("Fwd FLOPs", "Fwd"), BACKWARD: ("Bwd FLOPs", "Bwd"),
+                  OPTIMIZER: ("Opt FLOPs", "Opt"), RECOMPUTE: ("Recompute FLOPs", "Recomp"),
+                  OTHER: ("Other FLOPs", "Other")}
 
 
 def _percent(part: float, whole) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def module_table(counter, depth: int = 2, ranks: bool = False) -> str:
+@dataclass
+class _Run:
+    """What every cell may read: the run, its views, and the figures shared by rows."""
+
+    profile: object
+    modules: dict
+    per_phase: dict  # phase -> by_module(phase), for the phases shown
+    types: dict
+    total: int
+    root_time: Optional[float]
+    spread: dict  # name -> {figure: (min, mean, max) over ranks}, with ranks=True; else {}
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    header: str
+    short: str
+    priority: int
+    cell: Callable  # (run, name, ModuleStats) -> str
+    applies: Callable = lambda run: True  # (run) -> bool
+
+
+def _calls(run, name, m) -> str:
+    # a container never called itself (ModuleList) holds its children's figures
+    return NEVER_CALLED if not m.calls and name != ROOT and run.profile.has_model else str(m.calls)
+
+
+def _phase_column(phase: str, priority: int) -> Column:
+    header, short = _PHASE_HEADERS.get(phase, (f"{phase.title()} FLOPs", phase.title()))
+    return Column(phase, header, short, priority,
+                  lambda run, name, m: human(run.per_phase[phase][name].flops
+                                             if name in run.per_phase[phase] else 0),
+                  lambda run: phase in run.per_phase)
+
+
+def _latency(m) -> float:
+    return m.latency_s or 0.0
+
+
+COLUMNS: tuple = (
+    Column("module", "Module", "Module", 0, lambda run, name, m: name),  # laid out apart
+    Column("type", "Type", "Type", 5, lambda run, name, m: run.types.get(name, "")),
+    Column("calls", "Calls", "Calls", 6, _calls),
+    Column("params", "Params", "Params", 7, lambda run, name, m: human(m.params)),
+    Column("macs", "MACs", "MACs", 8, lambda run, name, m: human(m.macs)),
+    Column("flops", "FLOPs", "FLOPs", 1, lambda run, name, m: human(m.flops)),
+    _phase_column(FORWARD, 9),
+    _phase_column(BACKWARD, 9),
+    _phase_column(OPTIMIZER, 12),
+    _phase_column(RECOMPUTE, 12),
+    _phase_column(OTHER, 12),
+    Column("percent", "% FLOPs", "%FLOPs", 2, lambda run, name, m: _percent(m.flops, run.total)),
+    Column("read", "Read", "Read", 10, lambda run, name, m: human(m.bytes_read, "B")),
+    Column("written", "Written", "Wrote", 10, lambda run, name, m: human(m.bytes_written, "B")),
+    Column("saved", "Saved", "Saved", 11, lambda run, name, m: human(m.saved_bytes or 0, "B"),
+           lambda run: run.profile.saved_activations),
+    # collectives ran: the bytes this rank put on the wire (docs/conventions.md)
+    Column("comm", "Comm", "Comm", 6, lambda run, name, m: human(m.comm_bytes, "B"),
+           lambda run: run.profile.total.comm_bytes > 0),
+    Column("flops_min", "FLOPs min", "Fmin", 5,
+           lambda run, name, m: human(run.spread[name]["flops"][0]), lambda run: run.spread),
+    Column("flops_max", "FLOPs max", "Fmax", 5,
+           lambda run, name, m: human(run.spread[name]["flops"][2]), lambda run: run.spread),
+    Column("comm_min", "Comm min", "Cmin", 7,
+           lambda run, name, m: human(run.spread[name]["comm_bytes"][0], "B"),
+           lambda run: run.spread and run.profile.total.comm_bytes > 0),
+    Column("comm_max", "Comm max", "Cmax", 7,
+           lambda run, name, m: human(run.spread[name]["comm_bytes"][2], "B"),
+           lambda run: run.spread and run.profile.total.comm_bytes > 0),
+    Column("latency", "Latency", "Time", 3, lambda run, name, m: duration(_latency(m)),
+           lambda run: run.profile.timing),
+    Column("percent_time", "% Time", "%Time", 4,
+           lambda run, name, m: _percent(_latency(m), run.root_time),
+           lambda run: run.profile.timing),
+    Column("achieved", "FLOPS", "FLOP/s", 13,
+           lambda run, name, m: human(m.flops / _latency(m), "FLOPS") if _latency(m) else "-",
+           lambda run: run.profile.timing),
+    Column("latency_min", "Latency min", "Tmin", 6,
+           lambda run, name, m: duration(run.spread[name]["latency_s"][0]),
+           lambda run: run.spread and run.profile.timing),
+    Column("latency_max", "Latency max", "Tmax", 6,
+           lambda run, name, m: duration(run.spread[name]["latency_s"][2]),
+           lambda run: run.spread and run.profile.timing),
+)
+COLUMN_KEYS = tuple(c.key for c in COLUMNS)
+
+
+def terminal_width() -> int:
+    """The terminal's width in characters; ``DEFAULT_WIDTH`` when stdout is not one."""
+    try:
+        if not sys.stdout.isatty():
+            return DEFAULT_WIDTH
+    except (AttributeError, ValueError):  # replaced or closed stdout
+        return DEFAULT_WIDTH
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+
+def _shown_phases(by_phase) -> list:
+    # a column per phase once more than forward ran
+    if not any(by_phase[p].calls for p in PHASES if p != FORWARD):
+        return []
+    return [p for p in PHASES if by_phase[p].calls]
+
+
+def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
+    """Each row's label: the root's class name, then each module indented by depth and named
+    from the nearest row above it in the tree ("blocks.0" then "attn", not
+    "blocks.0.attn"); a label longer than ``limit`` keeps its head and tail around "…"."""
+    labels = {}
+    shown = set(names)
+    for name in names:
+        if name == ROOT:
+            labels[name] = root_label
+            continue
+        parts = name.split(".")
+        relative = name
+        for cut in range(len(parts) - 1, 0, -1):
+            if ".".join(parts[:cut]) in shown:
+                relative = ".".join(parts[cut:])
+                break
+        label = "· " * (depth_of(name) - 1) + relative
+        if limit is not None and len(label) > limit:
+            keep = limit - 1
+            label = label[: keep - keep // 2] + "…" + label[len(label) - keep // 2:]
+        labels[name] = label
+    return labels
+
+
+def _render(header_row: list, rows: list) -> str:
+    align = ("left",) + ("right",) * (len(header_row) - 1)
+    return tabulate(rows, headers=header_row, disable_numparse=True, colalign=align)
+
+
+def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = None,
+                 width: Optional[int] = None, ops: int = 0, ranks: bool = False) -> str:
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be an int >= 0 (0 shows the root only), got {depth!r}")
+    if not isinstance(ops, int) or isinstance(ops, bool) or ops < 0:
+        raise ValueError(f"ops must be an int >= 0 (top ops listed under each module), "
+                         f"got {ops!r}")
+    if width is not None and (not isinstance(width, int) or width < 40):
+        raise ValueError(f"width must be an int >= 40 (characters), got {width!r}")
     modules = counter.by_module()
     by_phase = counter.by_phase()
-    # a column per phase once more than forward ran
-    shown = [p for p in PHASES if by_phase[p].calls] if any(
-        by_phase[p].calls for p in PHASES if p != FORWARD) else []
-    per_phase = {p: counter.by_module(phase=p) for p in shown}
-    total = counter.total.flops
-    headers = ["Module", "Calls", "Params", "MACs", "FLOPs", "% FLOPs", "Read", "Written"]
-    headers[5:5] = [_PHASE_HEADERS.get(p, f"{p.title()} FLOPs") for p in shown]
-    saved = counter.saved_activations
-    if saved:
-        headers.append("Saved")
-    # collectives ran: the bytes this rank put on the wire (docs/conventions.md)
-    comm = counter.total.comm_bytes > 0
-    if comm:
-        headers.append("Comm")
-    spread = counter.imbalance() if ranks else {}
-    if ranks:
-        headers += ["FLOPs min", "FLOPs max"] + (["Comm min", "Comm max"] if comm else [])
-    timed = counter.timing
-    root_time = modules[ROOT].latency_s if timed and ROOT in modules else None
-    if timed:
-        headers += ["Latency", "% Time", "FLOPS"]
-        if ranks:
-            headers += ["Latency min", "Latency max"]
-    rows = []
-    for name in counter.module_names():
-        level = depth_of(name)
-        if level > depth or name not in modules:
+    shown_phases = _shown_phases(by_phase)
+    run = _Run(counter, modules, {p: counter.by_module(phase=p) for p in shown_phases},
+               counter.module_types(), counter.total.flops,
+               modules[ROOT].latency_s if counter.timing and ROOT in modules else None,
+               counter.imbalance() if ranks else {})
+    available = [c for c in COLUMNS if c.applies(run)]
+    if columns is not None:
+        chosen = _chosen(columns, available, run)
+        fit = None
+    else:
+        chosen = available
+        fit = width if width is not None else terminal_width()
+    names = [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
+    table = _fitted(run, names, chosen, fit, ops)
+    lines = [table] + _footer(counter, by_phase, names, modules)
+    if fit is not None:  # prose lines wrap at the same width
+        lines = [table] + [textwrap.fill(line, fit, subsequent_indent="  ",
+                                         break_on_hyphens=False) for line in lines[1:]]
+    return "\n".join(lines)
+
+
+def _chosen(columns, available: list, run) -> list:
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise ValueError(f"columns must be a list of column names from {COLUMN_KEYS}, "
+                         f"got {columns!r}")
+    by_key = {c.key: c for c in available}
+    chosen = [COLUMNS[0]]
+    for key in columns:
+        if key == "module":
             continue
-        m = modules[name]
-        # tabulate strips leading spaces, so depth shows as leading dots
-        label = counter.root_label if name == ROOT else "· " * (level - 1) + name
-        row = [label, m.calls, human(m.params), human(m.macs), human(m.flops),
-               _percent(m.flops, total), human(m.bytes_read, "B"), human(m.bytes_written, "B")]
-        row[5:5] = [human(per_phase[p][name].flops if name in per_phase[p] else 0)
-                    for p in shown]
-        if saved:
-            row.append(human(m.saved_bytes or 0, "B"))
-        if comm:
-            row.append(human(m.comm_bytes, "B"))
-        if ranks:
-            low_high = spread[name]
-            row += [human(low_high["flops"][0]), human(low_high["flops"][2])]
-            if comm:
-                row += [human(low_high["comm_bytes"][0], "B"),
-                        human(low_high["comm_bytes"][2], "B")]
-        if timed:
-            latency = m.latency_s or 0.0
-            row += [duration(latency), _percent(latency, root_time),
-                    human(m.flops / latency, "FLOPS") if latency else "-"]
-            if ranks:
-                row += [duration(spread[name]["latency_s"][0]),
-                        duration(spread[name]["latency_s"][2])]
-        rows.append(row)
-    align = ("left",) + ("right",) * (len(headers) - 1)
-    lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align),
-             coverage_line(counter.coverage())]
+        if key not in COLUMN_KEYS:
+            raise ValueError(f"unknown column {key!r}; columns are {COLUMN_KEYS}")
+        if key not in by_key:
+            raise ValueError(f"column {key!r} does not apply to this run (no timing, saved "
+                             f"activations or such phase); this run has "
+                             f"{tuple(by_key)}")
+        chosen.append(by_key[key])
+    return chosen
+
+
+def _fitted(run, names: list, chosen: list, width: Optional[int], ops: int) -> str:
+    """The table of ``chosen`` columns, narrowed to ``width`` when it is given."""
+    limit = None
+    short = False
+    chosen = list(chosen)
+    while True:
+        text = _table(run, names, chosen, short, limit, ops)
+        if width is None or _widest(text) <= width:
+            return text
+        if not short:
+            short = True
+            continue
+        droppable = [c.priority for c in chosen if c.priority > 2]
+        if droppable:  # columns of one priority go together (forward and backward)
+            chosen = [c for c in chosen if c.priority != max(droppable)]
+            continue
+        # only the module and the essential columns left: shorten the module names by the
+        # excess (never below 12 characters)
+        labels = _labels(names, run.profile.root_label, None).values()
+        limit = max(12, max(map(len, labels)) - (_widest(text) - width))
+        return _table(run, names, chosen, short, limit, ops)
+
+
+def _widest(text: str) -> int:
+    return max(map(len, text.splitlines()), default=0)
+
+
+def _table(run, names: list, chosen: list, short: bool, limit: Optional[int],
+           ops: int) -> str:
+    labels = _labels(names, run.profile.root_label, limit)
+    rows = []
+    for name in names:
+        m = run.modules[name]
+        rows.append([labels[name]] + [c.cell(run, name, m) for c in chosen[1:]])
+        if ops:
+            rows.extend(_op_rows(run, name, m, chosen, ops))
+    header_row = [c.short if short else c.header for c in chosen]
+    return _render(header_row, rows)
+
+
+def _op_rows(run, name: str, m, chosen: list, ops: int) -> list:
+    """The module's ``ops`` operators with the most flops (inclusive), under its row, as
+    torch's table lists them: flops, MACs, their share and bytes; other cells blank."""
+    indent = "· " * depth_of(name) + "↳ "  # tabulate strips leading spaces
+    top = sorted(m.by_operator.items(), key=lambda item: (-item[1].flops, item[0]))[:ops]
+    per_op = {"flops": lambda s: human(s.flops), "macs": lambda s: human(s.macs),
+              "percent": lambda s: _percent(s.flops, run.total),
+              "read": lambda s: human(s.bytes_read, "B"),
+              "written": lambda s: human(s.bytes_written, "B")}
+    return [[indent + op] + [per_op[c.key](stats) if c.key in per_op else ""
+                             for c in chosen[1:]]
+            for op, stats in top if stats.flops]
+
+
+def _footer(counter, by_phase, names: list, modules: dict) -> list:
+    lines = [coverage_line(counter.coverage())]
     if counter.ranks:
         lines.append(f"Gathered from {len(counter.ranks)} ranks: counts summed over ranks")
+    if counter.has_model and any(not modules[n].calls for n in names if n != ROOT):
+        lines.append(f"Calls {NEVER_CALLED}: a container never called itself (ModuleList); "
+                     "its figures are its children's")
     if any(by_phase[p].calls for p in PHASES if p not in MODEL_PHASES):
         lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
-    if timed:
+    if by_phase[OTHER].calls:
+        lines.append("Other: ops run while none of the model's modules ran (a loss after the "
+                     "model, gradient clipping) and their backward")
+    if counter.timing:
         top = counter.top_ops_by_time(5)
         listed = ", ".join(f"{op} {duration(stats.latency_s or 0.0)}" for op, stats in top)
         lines.append(f"Top ops by time: {listed}")
@@ -96,7 +302,7 @@ def module_table(counter, depth: int = 2, ranks: bool = False) -> str:
         lines.append("Unsupported ops: none")
     for error in counter.run.pricing_errors:
         lines.append(f"Formula failed (its calls reported unsupported): {error}")
-    return "\n".join(lines)
+    return lines
 
 
 def _listed(ops: dict) -> str:

@@ -6,7 +6,12 @@ from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Iterable, Mapping, Optional
 
-ROOT = ""  # the root model's name in by_module(); without a model, everything is charged here
+from ._format import duration, human
+
+ROOT = ""  # the root model's key in by_module(); without a model, everything is charged here
+# the root's one name wherever it is shown (tables, plots, reprs, the CLI): the model's class
+# name (Profile.root_label), or this without a model. torch's getters keep torch's "Global".
+GLOBAL = "global"
 # Phases: which part of a step an op belongs to. The tracker's ``phase_of`` is the one rule
 # that decides it; every accumulator, report and export loops over PHASES, so a new phase is
 # a constant here and a branch of that rule.
@@ -14,7 +19,10 @@ FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER = "optimizer"  # ops run inside optimizer.step()
 RECOMPUTE = "recompute"  # forward ops re-run by activation checkpointing during backward
-PHASES = (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE)
+# ops run while none of the model's modules is running, and the backward of what they made:
+# a loss computed after the model, gradient clipping, loss scaling (a counter with a model)
+OTHER = "other"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE, OTHER)
 MODEL_PHASES = (FORWARD, BACKWARD)  # model flops: what the model needs, once
 
 EXACT = "exact"  # priced by a formula
@@ -79,6 +87,11 @@ class Stats:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __repr__(self) -> str:  # short: the fields, exact, are its attributes
+        timed = "" if self.latency_s is None else f", latency {duration(self.latency_s)}"
+        return (f"Stats({self.calls} calls, {human(self.flops, 'FLOPs')}, {human(self.macs, 'MACs')}, "
+                f"{human(self.bytes, 'B')} moved{timed})")
+
 
 # Stats' integer counts, in field order: every record, row and column of the engine and the
 # exports is laid out by these names (a new per-op metric is a new Stats field)
@@ -141,6 +154,10 @@ class ModuleStats:
             "saved_bytes": self.saved_bytes,
             "saved_bytes_exclusive": self.saved_bytes_exclusive,
         }
+
+    def __repr__(self) -> str:
+        return (f"ModuleStats({self.name!r}, {self.calls} calls, {human(self.params)} params, "
+                f"{human(self.flops, 'FLOPs')} inclusive, {human(self.exclusive.flops, 'FLOPs')} own)")
 
 
 @dataclass(frozen=True)
@@ -205,6 +222,14 @@ class Coverage:
             "share_by_calls": {c: self.share(c, "calls") for c in CATEGORIES},
             "share_by_bytes": {c: self.share(c, "bytes") for c in CATEGORIES},
         }
+
+    def __repr__(self) -> str:
+        def pair(share) -> str:
+            return "/".join(f"{100.0 * share(by):.1f}%" for by in ("calls", "bytes"))
+
+        return (f"Coverage(calls/bytes: priced exactly {pair(self.priced_exactly)}, estimated "
+                f"{pair(lambda by: self.share(ESTIMATED, by))}, unsupported "
+                f"{pair(lambda by: self.share(UNSUPPORTED, by))})")
 
 
 def frozen_mapping(d: dict) -> Mapping:

@@ -34,7 +34,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from ._records import CALLS, NS
 from ._skip import SKIP_FRAMES
 from ._timing import Timer
-from ._results import BACKWARD, FORWARD, OPTIMIZER, PHASES, RECOMPUTE, ROOT, static_prefixes
+from ._results import (BACKWARD, FORWARD, OPTIMIZER, OTHER, PHASES, RECOMPUTE, ROOT,
+                       static_prefixes)
 
 _ns = itemgetter(NS)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
@@ -47,28 +48,34 @@ _current_node = torch._C._current_autograd_node
 top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
 # indices into PHASES and into every frame's ``acc``
-FORWARD_I, BACKWARD_I, OPTIMIZER_I, RECOMPUTE_I = map(
-    PHASES.index, (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE))
+FORWARD_I, BACKWARD_I, OPTIMIZER_I, RECOMPUTE_I, OTHER_I = map(
+    PHASES.index, (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE, OTHER))
 
 
-def phase_of(*, node: bool, recompute: bool, optimizer: bool) -> int:
+def phase_of(*, node: bool, recompute: bool, optimizer: bool, outside: bool = False) -> int:
     """The one rule that decides an op's phase (an index into ``PHASES``):
 
     - ``recompute``: activation checkpointing is re-running forward inside backward (a module
       called while autograd runs a node, reentrant checkpointing's own node, or an op under
       non-reentrant checkpointing's recomputation hook);
+    - ``optimizer``: inside ``optimizer.step()`` (torch's global step hooks), no node running;
+    - ``other``: ``outside`` the model, a counter with a model: no module of it was running
+      when the op ran (forward) or when its node was made (backward): a loss computed after
+      the model, gradient clipping, loss scaling. Hardware flops, not model flops;
     - ``backward``: autograd is running a node (``node``);
-    - ``optimizer``: inside ``optimizer.step()`` (torch's global step hooks);
     - ``forward``: anything else.
 
     The tracker asks it whenever its state changes and aims the mode's ``forward_acc`` at the
-    answer; the mode asks it for each autograd node its ops run under."""
+    answer; the mode asks it for each autograd node its ops run under; ``Outside`` asks it
+    once for every phase."""
     if recompute:
         return RECOMPUTE_I
+    if optimizer and not node:
+        return OPTIMIZER_I
+    if outside:
+        return OTHER_I
     if node:
         return BACKWARD_I
-    if optimizer:
-        return OPTIMIZER_I
     return FORWARD_I
 
 
@@ -156,6 +163,35 @@ class Frame:
         if frame is None:
             frame = self.children[name] = Frame(name, self, frames)
         return frame
+
+
+class Outside(Frame):
+    """Where ops go while none of the model's modules runs: the root's frame, each phase's
+    accumulator the one ``phase_of(outside=True)`` names (forward and backward: ``other``).
+    Not one of the ledger's frames (its accumulators are the root's); entered when the
+    model's last running call ends, so the nodes made meanwhile get ``other`` too."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: Frame):
+        self.root = root
+        self.name, self.parent, self.stack = root.name, None, root.stack
+        self.children = root.children
+        self.calls, self.span = 0, [0]
+        self.acc = tuple(root.acc[phase_of(node=i == BACKWARD_I, recompute=i == RECOMPUTE_I,
+                                           optimizer=i == OPTIMIZER_I, outside=True)]
+                         for i in range(len(PHASES)))
+
+    def child(self, name: str, frames: list) -> Frame:
+        return self.root.child(name, frames)
+
+    @property
+    def saved(self) -> int:  # tensors saved outside the model: the root's
+        return self.root.saved
+
+    @saved.setter
+    def saved(self, value: int) -> None:
+        self.root.saved = value
 
 
 # a ledger holding more records is replaced: every harvest walks them all
@@ -286,7 +322,11 @@ class ModuleTracker:
         # (saved-tensors pack hook, frame): where the last recomputation's modules sit
         self.recompute_home: tuple = (None, self.root)
         self._phase = FORWARD_I  # phase_of the tracker's state, asked when the state changes
+        # with a model, ops run while none of its modules runs are ``other`` (see Outside)
+        self.outside = Outside(self.root) if model is not None else self.root
         self._aim()
+        if self.outside is not self.root:
+            self._enter(self.outside)
 
     def _aim(self, phase_changed: bool = False) -> None:
         """Point the mode's ``forward_acc`` at the running frame's accumulator for the phase
@@ -392,6 +432,8 @@ class ModuleTracker:
             self._drop_ended(caller)
         if self._saved_seen is not None:
             self._wrap_inner_hooks()
+        if not calls and self.current is not self.root:  # the model starts running
+            self._enter(self.root)
         if name == ROOT:
             self.root_calls += 1
             frame = self.root
@@ -425,7 +467,7 @@ class ModuleTracker:
             ended, _ = calls.pop()
             if self.timer is not None:
                 self._close(ended)
-        self._enter(calls[-1][0] if calls else self.root)
+        self._enter(calls[-1][0] if calls else self.outside)
 
     def _push_recompute(self, name: str) -> None:
         """A module called while autograd runs a node: activation checkpointing re-running
@@ -468,6 +510,8 @@ class ModuleTracker:
                 break
         if self.timer is not None:
             self._close(frame)
+        if not calls and self.outside is not self.root:  # none of the model's modules runs
+            self._enter(self.outside)
 
     def _pop_recompute(self, name: str) -> None:
         if name != ROOT:
@@ -537,9 +581,32 @@ class ModuleTracker:
         torch._C._autograd._pop_saved_tensors_default_hooks()
         torch._C._autograd._push_saved_tensors_default_hooks(pack, their_unpack)
 
-    def _step_begins(self, optimizer, args, kwargs) -> None:
+    def _step_begins(self, optimizer, args, kwargs):
         self._optimizer_depth += 1  # modules called inside the step stay in its phase
         self._aim(phase_changed=True)
+        # torch hands the hook step's arguments with the optimizer first
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if callable(closure):  # what the closure runs is the training step, not the step's
+            wrapped = self._outside_the_step(closure)
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": wrapped}
+            return tuple(args[:1]) + (wrapped,) + tuple(args[2:]), kwargs
+        return None
+
+    def _outside_the_step(self, closure):
+        """``closure`` run out of the optimizer's phase: an optimizer's closure (LBFGS,
+        Lightning's automatic optimization) runs the model's forward and backward."""
+
+        def run(*args, **kwargs):
+            depth, self._optimizer_depth = self._optimizer_depth, 0
+            self._aim(phase_changed=True)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self._optimizer_depth = depth
+                self._aim(phase_changed=True)
+
+        return run
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
         self._optimizer_depth = max(0, self._optimizer_depth - 1)

@@ -23,7 +23,7 @@ from ._meta import MetaRunner
 from ._mode import CountingMode, GuardedCountingMode, exit_mode
 from ._profile import ModuleFacts, Profile, RunFacts
 from ._records import Captured, engine_cache
-from ._results import ROOT
+from ._results import GLOBAL, ROOT
 from ._timing import Relay, Relayed, Timer, cuda_index
 from ._trace import is_tracing, new_timer, trace_events
 from ._tracker import ModuleTracker, ledger_for, suspendable
@@ -80,7 +80,7 @@ class FlopCounter:
         self.trace = trace  # a timeline: every op's and module call's start and end
         self.timing = timing or trace
         self.saved_activations = saved_activations
-        self.root_label = type(model).__name__ if model is not None else "global"
+        self.root_label = type(model).__name__ if model is not None else GLOBAL
         self._mode: Optional[CountingMode] = None
         self._tracker: Optional[ModuleTracker] = None
         self._timer: Optional[Timer] = None

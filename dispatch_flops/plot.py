@@ -26,7 +26,7 @@ METRICS = ("flops", "macs", "bytes", "latency_s")
 _METRIC_LABEL = {"flops": "FLOPs", "macs": "MACs", "bytes": "Bytes moved (read + written)",
                  "latency_s": "Latency"}
 _PHASE_COLOR = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
-                "recompute": "#C44E52"}
+                "recompute": "#C44E52", "other": "#8C8C8C"}
 
 
 _FIGURE = []  # the Figure subclass, made on first use: matplotlib is imported only then
@@ -52,6 +52,45 @@ def _figure(width: float, height: float):
     return _FIGURE[0](figsize=(width, height), layout="constrained")
 
 
+def _renderer(fig):
+    """The figure laid out (constrained layout run) and a renderer to measure text with."""
+    if not hasattr(fig.canvas, "get_renderer"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def _place_labels(fig, ax, points) -> int:
+    """Label ``points`` ((text, x, y) in data coordinates, most important first) next to
+    their marker, each at the first of a few offsets where it stays inside the axes and
+    clear of the labels placed before it; a label with no such place is left out. The
+    layout is frozen afterwards so the places hold in the saved image. Returns how many were
+    placed."""
+    renderer = _renderer(fig)
+    inside = ax.get_window_extent(renderer)
+    legend = ax.get_legend()
+    taken = [legend.get_window_extent(renderer)] if legend is not None else []
+    placed = 0
+    offsets = [(5, 4), (5, -11), (-5, 4), (-5, -11), (5, 14), (5, -21), (-5, 14), (-5, -21),
+               (5, 24), (5, -31)]
+    for text, x, y in points:
+        for dx, dy in offsets:
+            label = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy),
+                                fontsize=7, ha="left" if dx > 0 else "right")
+            box = label.get_window_extent(renderer)
+            fits = (box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0
+                    and box.y1 <= inside.y1)
+            if fits and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                placed += 1
+                break
+            label.remove()
+    fig.set_layout_engine("none")  # keep the axes where the labels were measured
+    return placed
+
+
 def _short(text: str) -> str:
     """'1.50 G' -> '1.5 G', '500.00 M' -> '500 M': tick labels without trailing zeros."""
     number, _, unit = text.partition(" ")
@@ -63,9 +102,12 @@ def _short(text: str) -> str:
 def _formatter(metric: str):
     from matplotlib.ticker import FuncFormatter
 
+    def number(v):  # below 1, three significant digits: log ticks 1e-4 and 1e-3 differ
+        return _short(human(v)) if abs(v) >= 1 else f"{v:.3g}"
+
     if metric == "latency_s":
         return FuncFormatter(lambda v, _: _short(duration(v)) if v else "0")
-    return FuncFormatter(lambda v, _: _short(human(v)) if v else "0")
+    return FuncFormatter(lambda v, _: number(v) if v else "0")
 
 
 def _value(stats: Stats, metric: str) -> float:
@@ -84,18 +126,32 @@ def _checkdepth_of(depth) -> None:
         raise ValueError(f"depth must be an int >= 0 (0 is the root), got {depth!r}")
 
 
+def _frontier(modules, depth: int) -> list:
+    """The modules at ``depth`` and, in tree order among them, the leaves above it (a model's
+    ``lm_head`` at depth 1): together they hold every flop the tree below ``depth`` does."""
+    parents = {n.rpartition(".")[0] if "." in n else ROOT for n in modules if n != ROOT}
+    return [n for n in modules
+            if depth_of(n) == depth or (0 < depth_of(n) < depth and n not in parents)]
+
+
 def by_module(counter, depth: int = 1, *, top: int = 25):
-    """Horizontal bars of the modules at ``depth`` (tree order): FLOPs, and latency when
-    timing was on, each stacked by phase. At most ``top`` modules: the ones with the most
-    FLOPs. A module's forward latency is its call spans; other phases', its ops' time."""
+    """Horizontal bars of the modules at ``depth`` (tree order), and of the leaves shallower
+    than it (a model's ``lm_head`` at depth 1 stays in a depth-2 plot, its depth in the
+    label): FLOPs, and latency when timing was on, each stacked by phase. At most ``top``
+    modules, the ones with the most FLOPs; the title says how many were left out. A module's
+    forward latency is its call spans; other phases', its ops' time."""
     _checkdepth_of(depth)
+    if not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be an int >= 1, got {top!r}")
     modules = counter.by_module()
-    names = [n for n in modules if depth_of(n) == depth]
-    if not names:
+    names = _frontier(modules, depth)
+    if not any(depth_of(n) == depth for n in names):
         raise ValueError(f"no module ran at depth {depth}; the deepest is "
                          f"{max(map(depth_of, modules), default=0)}")
+    dropped = 0
     if len(names) > top:
         keep = set(sorted(names, key=lambda n: -modules[n].flops)[:top])
+        dropped = len(names) - top
         names = [n for n in names if n in keep]
     by_phase = counter.by_phase()
     phases = [p for p in PHASES if by_phase[p].calls]
@@ -115,11 +171,14 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
         ax.set_xlabel(_METRIC_LABEL[metric])
         ax.xaxis.set_major_formatter(_formatter(metric))
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(list(rows), [_label(counter, n) for n in names])
+    axes[0].set_yticks(list(rows), [_label(counter, n) if depth_of(n) == depth else
+                                     f"{_label(counter, n)} (depth {depth_of(n)})"
+                                     for n in names])
     axes[0].invert_yaxis()
     axes[0].set_ylabel(f"Module (depth {depth})")
     axes[-1].legend(loc="lower right", fontsize="small")
-    fig.suptitle(f"{counter.root_label}: modules at depth {depth}")
+    left_out = f"; {dropped} smaller left out (top={top})" if dropped else ""
+    fig.suptitle(f"{counter.root_label}: modules at depth {depth}{left_out}")
     return fig
 
 
@@ -143,6 +202,7 @@ def icicle(counter, depth: int = 3, *, metric: str = "flops"):
 
     colors = colormaps["tab20"]
     shown = []
+    labels = []  # (text, its bar)
 
     def value(name):
         return _value(modules[name].inclusive, metric)  # latency_s: spans + backward ops
@@ -151,13 +211,13 @@ def icicle(counter, depth: int = 3, *, metric: str = "flops"):
 
     def draw(name: str, left: float, level: int, color):
         width = value(name)
-        ax.barh(level, width, left=left, height=0.92, color=color, edgecolor="white")
+        bars = ax.barh(level, width, left=left, height=0.92, color=color, edgecolor="white")
         shown.append(name)
-        if total and width / total > 0.06:
+        if total and width / total > 0.02:
             short = _label(counter, name).rpartition(".")[2] or _label(counter, name)
             text = human(width) if metric != "latency_s" else duration(width)
-            ax.text(left + width / 2, level, f"{short}\n{text}", ha="center", va="center",
-                    fontsize=7, clip_on=True)
+            labels.append((ax.text(left + width / 2, level, f"{short}\n{text}", ha="center",
+                                   va="center", fontsize=7, clip_on=True), bars[0]))
         if level < depth:
             x = left
             for i, child in enumerate(children.get(name, [])):
@@ -173,12 +233,19 @@ def icicle(counter, depth: int = 3, *, metric: str = "flops"):
     ax.set_xlim(0, total or 1)
     fig.suptitle(f"{counter.root_label}: {_METRIC_LABEL[metric]} by module (icicle, "
                  f"{len(shown)} modules to depth {depth})")
+    # a name wider than its box would run into its neighbours: left out
+    renderer = _renderer(fig)
+    for label, patch in labels:
+        if label.get_window_extent(renderer).width > patch.get_window_extent(renderer).width:
+            label.remove()
+    fig.set_layout_engine("none")
     return fig
 
 
 def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
              by: str = "operator", depth: int = 2, label_top: int = 8):
-    """Operators (``by="operator"``) or modules at ``depth`` (``by="module"``, inclusive)
+    """Operators (``by="operator"``) or modules at ``depth`` and leaves above it
+    (``by="module"``, inclusive)
     against ``device``'s roofs at ``dtype`` (defaults as ``fc.roofline_by_operator``):
     x is arithmetic intensity (FLOP/byte), y the achieved FLOP/s when timing was on, else
     the attainable FLOP/s (on the roof). Marker area follows the share of FLOPs (of time
@@ -193,8 +260,8 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
     if by == "operator":
         entries = counter.by_operator()
     else:
-        entries = {_label(counter, n): m.inclusive for n, m in counter.by_module().items()
-                   if depth_of(n) == depth}
+        modules = counter.by_module()
+        entries = {_label(counter, n): modules[n].inclusive for n in _frontier(modules, depth)}
     timed = counter.timing
     points = []  # (name, intensity, flop/s, weight, bound)
     left_out = 0
@@ -224,8 +291,6 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
             ax.scatter([p[1] for p in chosen], [p[2] for p in chosen],
                        s=[20 + 600 * p[3] / total for p in chosen], color=color, alpha=0.6,
                        edgecolor="black", linewidth=0.5, label=f"{bound} ({len(chosen)})")
-    for name, x, y, _, _ in sorted(points, key=lambda p: -p[3])[:label_top]:
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
     if left_out:
         ax.plot([], [], " ", label=f"{left_out} without flops or bytes, not shown")
     ax.set_xlabel("Arithmetic intensity (FLOP/byte)")
@@ -236,4 +301,8 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
     ax.legend(loc="lower right", fontsize="small")
     what = "operators" if by == "operator" else f"modules at depth {depth}"
     ax.set_title(f"{counter.root_label} on {spec.name} ({_dtype_name(dtype)}): {what}")
+    # the heaviest first; untimed points share the roof, so labels step off it or are left
+    # out rather than pile up
+    _place_labels(fig, ax, [(name, x, y) for name, x, y, _, _ in
+                            sorted(points, key=lambda p: -p[3])[:label_top]])
     return fig

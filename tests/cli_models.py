@@ -40,3 +40,8 @@ def broken() -> nn.Module:
 
 def not_a_model():
     return 42
+
+
+def with_dropout() -> nn.Module:
+    """Input [b, 8]; dropout runs ops in train mode only."""
+    return nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2))

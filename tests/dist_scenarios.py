@@ -36,7 +36,7 @@ def summary(fc) -> dict:
     return {
         "macs": {ph: phases[ph].macs for ph in (FORWARD, BACKWARD)},
         "flops": {ph: phases[ph].flops for ph in (FORWARD, BACKWARD)},
-        "comm_bytes": {ph: phases[ph].comm_bytes for ph in (FORWARD, BACKWARD)},
+        "comm_bytes": {ph: stats.comm_bytes for ph, stats in phases.items()},
         "unsupported": p.unsupported_ops(),
         "estimated": p.estimated_ops(),
         "comm": comm,
@@ -100,7 +100,7 @@ def _scenarios(rank: int, n: int, out_dir: str) -> None:
             "world_size": gathered_tp.run.world_size,
             "logical_macs": gathered_tp.logical.macs,
             "imbalance": {k: v["flops"] for k, v in gathered_tp.imbalance().items()},
-            "table": gathered_tp.table(ranks=True),
+            "table": gathered_tp.table(ranks=True, width=1000),
         }
 
     # FSDP2: each Linear a unit, the root too; every rank its own batch

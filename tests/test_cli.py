@@ -27,7 +27,9 @@ def test_no_arguments_profiles_the_demo():
     done = cli("--depth", "1", "--seq-len", "16")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("GPT demo: 4 layers")
-    assert "Bwd FLOPs" in done.stdout and "blocks" in done.stdout
+    assert "blocks" in done.stdout
+    # not a terminal: the table fits 100 characters
+    assert max(map(len, done.stdout.splitlines())) <= 100
 
 
 def test_factory_from_a_file_with_exports(tmp_path):
@@ -88,7 +90,7 @@ def test_timing_shows_progress_and_writes_a_trace(tmp_path, capsys):
                          capsys=capsys)
     assert code == 0, err
     assert "timed: median of 3 runs after 2 warm-up" in out
-    assert "Latency" in out
+    assert "Time" in out
     for line in ("warm-up 2/2", "timed run 1/3", "timed run 3/3"):
         assert line in err
     trace = json.loads((tmp_path / "trace.json").read_text())
@@ -145,7 +147,7 @@ def test_deepspeed_flag_says_whether_the_report_is_there(capsys):
 def test_help_shows_examples(capsys):
     code, out, _ = run("--help", capsys=capsys)
     assert code == 0
-    assert "examples:" in out and "--input-shape 1,3,224,224" in out
+    assert "examples:" in out and "dispatch_flops.models:GPT --input-shape 1,128" in out
 
 
 def test_timed_runs_count_what_one_run_counts(tmp_path, capsys):
@@ -159,3 +161,73 @@ def test_timed_runs_count_what_one_run_counts(tmp_path, capsys):
     timed = FlopCounter.from_json(tmp_path / "timed.json")
     assert timed.by_operator().keys() == once.by_operator().keys()
     assert timed.total.flops == once.total.flops and timed.total.calls == once.total.calls
+
+
+DROPOUT = f"{TESTS / 'cli_models.py'}:with_dropout"
+
+
+@pytest.mark.parametrize("flags, mode", [((), "eval"), (("--train",), "train"),
+                                         (("--backward",), "train")])
+def test_one_mode_for_table_and_deepspeed_stated_in_the_header(flags, mode, tmp_path, capsys):
+    """Eval unless --train / --backward, said in the header; DeepSpeed's printout reports
+    the same run: its forward MACs are the table's."""
+    path = tmp_path / "run.json"
+    code, out, err = run(DROPOUT, "--input-shape", "4,8", *flags, "--deepspeed", "--json",
+                         str(path), capsys=capsys)
+    assert code == 0, err
+    assert out.splitlines()[0].split(" (")[0].endswith(f", {mode} mode")
+    loaded = FlopCounter.from_json(path)
+    dropped = any(r.operator in ("aten.bernoulli_", "aten.native_dropout", "aten.bernoulli")
+                  for r in loaded.records())
+    assert dropped == (mode == "train")  # the model really ran in that mode
+    from dispatch_flops import human
+    forward = loaded.by_phase()["forward"].macs
+    line = next(l for l in out.splitlines() if l.startswith("fwd MACs per device:"))
+    assert line.split(":")[1].strip() == human(forward, "MACs", compact=True)
+
+
+def test_seq_len_with_a_model_and_unwritable_outputs_are_one_line_errors(tmp_path, capsys):
+    for args, message in (
+        ([CNN, "--input-shape", "1,3,8,8", "--seq-len", "8"], "--seq-len sets the demo's"),
+        (["--seq-len", "8", "--json", str(tmp_path / "no" / "run.json")], "cannot write"),
+        (["--seq-len", "8", "--csv", str(tmp_path)], "it is a directory"),
+    ):
+        code, out, err = run(*args, capsys=capsys)
+        assert code == 2, (args, err)
+        assert message in err.splitlines()[-1] and "Traceback" not in err
+
+
+MY_MODELS = '''
+from dispatch_flops.models import GPT, GPTConfig, LLAMA2_70B, Llama
+
+def build():
+    return GPT(GPTConfig(n_layer=1, d_model=32, n_head=2, vocab_size=64, max_seq_len=128))
+
+def llama_70b():
+    return Llama(LLAMA2_70B)
+'''
+
+
+def help_examples():
+    from dispatch_flops.__main__ import EXAMPLES
+
+    lines, joined = EXAMPLES.split("\n\n")[0].splitlines()[1:], []
+    for line in lines:
+        if line.startswith("  dispatch-flops"):
+            joined.append(line.strip())
+        elif joined and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1] + line.strip()
+    return joined
+
+
+@pytest.mark.parametrize("example", help_examples())
+def test_every_help_example_runs(example, tmp_path):
+    """Each example of --help runs as written (my_models.py: a small stand-in for the user's
+    file; CUDA examples on the CPU where there is none), with no package the extras lack."""
+    (tmp_path / "my_models.py").write_text(MY_MODELS)
+    args = example.split()[1:]
+    if not torch.cuda.is_available():
+        args = ["cpu" if a == "cuda" else a for a in args]
+    done = cli(*args, "--width", "120", cwd=tmp_path)
+    assert done.returncode == 0, (example, done.stderr[-2000:])
+    assert "Module" in done.stdout

@@ -101,7 +101,7 @@ def test_coverage_shares_by_calls_and_bytes():
         cov.share(EXACT, "flops")
     with pytest.raises(ValueError, match="category"):
         cov.share("formula")
-    line = next(l for l in fc.table().splitlines() if l.startswith("Coverage"))
+    line = next(l for l in fc.table(width=1000).splitlines() if l.startswith("Coverage"))
     assert line.startswith("Coverage (calls / bytes moved): priced exactly 33.3% / ")
     assert "estimated 33.3% / " in line and "unsupported 33.3% / " in line
     data = json.loads(json.dumps(fc.to_dict()))

@@ -124,8 +124,9 @@ def test_fsdp2_counts_the_local_batch_and_prices_each_unit(world):
                               and key.endswith("|forward"))
         assert forward_gathers == len(flat)
         total = sum(comm for _, comm in rank["fsdp"]["comm"].values())
-        assert total == rank["fsdp"]["comm_bytes"]["forward"] + rank["fsdp"]["comm_bytes"][
-            "backward"]
+        # every phase's: FSDP2's last reduce-scatter runs in autograd's final callback, with
+        # no node and no module running ("other")
+        assert total == sum(rank["fsdp"]["comm_bytes"].values())
 
 
 def test_ddp_all_reduces_the_gradient_bucket(world):
@@ -136,8 +137,9 @@ def test_ddp_all_reduces_the_gradient_bucket(world):
         assert rank["ddp"]["macs"] == rank["fsdp_single"]["macs"]
         reduces = [v for k, v in rank["ddp"]["comm"].items() if k.startswith("c10d.allreduce_|")]
         assert sum(calls for calls, _ in reduces) == 1
-        assert rank["ddp"]["comm_bytes"] == {
-            "forward": 0, "backward": ring_all_reduce(rank["ddp_param_bytes"], n)}
+        assert rank["ddp"]["comm_bytes"]["backward"] == ring_all_reduce(
+            rank["ddp_param_bytes"], n)
+        assert sum(rank["ddp"]["comm_bytes"].values()) == rank["ddp"]["comm_bytes"]["backward"]
 
 
 def test_gather_sums_ranks_and_keeps_them(world):
@@ -202,7 +204,7 @@ def test_gathered_profiles_and_cross_rank_mfu():
     spec = DEVICES["H100-SXM"]
     expected = sum(2 * r.total.macs for r in runs) / (g.wall_s * 3 * spec.peak_flops())
     assert g.mfu(spec, torch.float32) == pytest.approx(expected)
-    assert "Latency min" in g.table(ranks=True)
+    assert "Latency min" in g.table(ranks=True, width=1000)
     with pytest.raises(ValueError, match="gathered"):
         runs[0].table(ranks=True)
     with pytest.raises(ValueError, match="gathered"):

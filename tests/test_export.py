@@ -252,7 +252,7 @@ def test_chrome_trace_is_valid_and_adds_up(tmp_path):
     fc, trace, slices = traced_step(tmp_path)
     tracks = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"]
               if e["name"] == "thread_name"}
-    assert set(tracks) == {"step", "forward", "backward"}
+    assert set(tracks) == {"step", "forward", "backward", "other"}  # other: the loss
     ops = [e for e in slices if e["cat"] == "op"]
     for phase, stats in fc.by_phase().items():
         on_track = [e for e in ops if e["tid"] == tracks.get(phase)]

@@ -75,3 +75,14 @@ def test_llm_inference(kernel, tmp_path):
                    for o in c.outputs)
     assert "decode 5." in text and "(memory-bound)" in text and "tokens/s" in text
     print(f"llm_inference.ipynb ran in {seconds:.1f} s")
+
+
+def test_no_development_notes_left_in_cells():
+    """Cells hold what a reader needs: no '# needs issue ...' or TODO notes."""
+    import json
+    import re
+
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            text = "".join(cell["source"])
+            assert not re.search(r"needs issue|TODO|FIXME|XXX", text), (path.name, text[:80])

@@ -35,14 +35,23 @@ def test_by_module_bars(counter, tmp_path):
     assert len(axes) == (2 if counter.timing else 1)
     assert axes[0].get_xlabel() == "FLOPs" and axes[0].get_ylabel() == "Module (depth 2)"
     labels = [t.get_text() for t in axes[0].get_yticklabels()]
-    assert labels == ["blocks.0", "blocks.1"]
+    # the leaves above depth 2 stay, their depth said: lm_head holds flops blocks do not
+    assert labels == ["wte (depth 1)", "wpe (depth 1)", "blocks.0", "blocks.1",
+                      "ln_f (depth 1)", "lm_head (depth 1)"]
+    names = [label.split(" ")[0] for label in labels]
+    modules = counter.by_module()
+    assert sum(modules[n].flops for n in names) == modules[""].flops - modules[""].exclusive.flops
+    for name, m in modules.items():  # every module of >= 1 % at depth <= 2 is shown
+        if m.flops >= 0.01 * counter.total.flops and name.count(".") == 1:
+            assert name in names, name
     if counter.timing:
         assert axes[1].get_xlabel() == "Latency"
-    forward, backward = (c for c in axes[0].containers)
-    assert [b.get_width() for b in forward] == [
-        counter.by_module(phase="forward")[n].flops for n in labels]
-    assert [b.get_width() for b in backward] == [
-        counter.by_module(phase="backward")[n].flops for n in labels]
+    phases = [c.get_label() for c in axes[0].containers]
+    assert phases == ["forward", "backward", "other"]  # other: the loss's sum
+    for phase, bars in zip(phases, axes[0].containers):
+        per_phase = counter.by_module(phase=phase)
+        assert [b.get_width() for b in bars] == [
+            per_phase[n].flops if n in per_phase else 0 for n in names]
     with pytest.raises(ValueError, match="depth 9"):
         plot.by_module(counter, depth=9)
 
@@ -74,7 +83,7 @@ def test_roofline(counter, by, tmp_path):
     assert max(roof.get_ydata()) == pytest.approx(1e11)  # the compute roof
     points = sum(len(c.get_offsets()) for c in ax.collections)
     entries = counter.by_operator() if by == "operator" else {
-        n: m.inclusive for n, m in counter.by_module().items() if n.count(".") == 2}
+        n: counter.by_module()[n].inclusive for n in plot._frontier(counter.by_module(), 3)}
     assert points == len([s for s in entries.values() if s.flops and s.bytes]) > 0
     if not counter.timing:  # untimed points sit on the roof
         for collection in ax.collections:
@@ -87,3 +96,51 @@ def test_plots_of_a_loaded_run(counter, tmp_path):
     loaded = FlopCounter.from_json(tmp_path / "run.json")
     render(plot.by_module(loaded, depth=1), tmp_path, "loaded_by_module")
     render(plot.roofline(loaded, CPU), tmp_path, "loaded_roofline")
+
+
+def text_boxes(fig):
+    """Window boxes of every non-empty text artist the figure draws (annotations, bar
+    labels, tick labels excluded), after laying it out."""
+    renderer = plot._renderer(fig)
+    return [(t.get_text(), t.get_window_extent(renderer)) for ax in fig.axes
+            for t in ax.texts if t.get_text() and t.get_visible()], renderer
+
+
+@pytest.mark.parametrize("kind", ["roofline_operator", "roofline_module", "icicle"])
+def test_labels_never_overlap_or_leave_the_axes(counter, kind):
+    """No two labels overlap; each lies inside its axes (an icicle's inside its bar)."""
+    if kind == "icicle":
+        fig = plot.icicle(counter, depth=3)
+    else:
+        fig = plot.roofline(counter, CPU, by=kind.split("_")[1], depth=3, label_top=30)
+    boxes, renderer = text_boxes(fig)
+    assert boxes
+    inside = fig.axes[0].get_window_extent(renderer)
+    for i, (text, box) in enumerate(boxes):
+        assert inside.x0 - 1 <= box.x0 and box.x1 <= inside.x1 + 1, text
+        assert inside.y0 - 1 <= box.y0 and box.y1 <= inside.y1 + 1, text
+        for other, box2 in boxes[i + 1:]:
+            assert not box.overlaps(box2), (text, other)
+
+
+def test_roofline_labels_are_not_piled_on_the_roof(counter):
+    """Untimed, every point sits on the roof: its labels still do not overlap, and the
+    heaviest is labelled."""
+    fig = plot.roofline(counter, CPU, label_top=20)
+    boxes, _ = text_boxes(fig)
+    heaviest = max(counter.by_operator().items(), key=lambda kv: kv[1].flops)[0]
+    assert heaviest in [t for t, _ in boxes]
+
+
+def test_log_tick_labels_are_distinct(counter):
+    """Each axis's visible tick labels differ (1e-4 and 1e-3 are not both "0")."""
+    fig = plot.roofline(counter, CPU, by="operator")
+    renderer = plot._renderer(fig)
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    for axis, (a, b) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        shown = [t.get_text() for t, v in zip(axis.get_majorticklabels(),
+                                                axis.get_majorticklocs())
+                 if min(a, b) <= v <= max(a, b) and t.get_text()]
+        assert len(shown) >= 2 and len(set(shown)) == len(shown), shown
+    assert renderer is not None

@@ -218,9 +218,9 @@ def test_profile_cannot_count():
 def test_table_golden(golden):
     """The module table of a training step, times masked (they differ run to run)."""
     untimed = train_step_run()
-    golden("table_train_step.txt", untimed.table(depth=3) + "\n")
+    golden("table_train_step.txt", untimed.table(depth=3, width=1000) + "\n")
     timed = train_step_run(timing=True)
-    lines = timed.table(depth=1).splitlines()
+    lines = timed.table(depth=1, width=1000).splitlines()
     rows = [line for line in lines if "  " in line and not line.startswith("-")]
     # the timed columns (Latency, % Time, FLOPS) differ run to run: left out
     masked = "\n".join(" | ".join(re.split(r"\s{2,}", row.strip())[:-3]) for row in rows)
