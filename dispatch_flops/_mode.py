@@ -10,6 +10,7 @@ import inspect
 import sys
 from bisect import bisect_right
 from functools import partial
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -134,6 +135,19 @@ def _dtype(v):
     return None
 
 
+def compute_dtype(args) -> Optional[str]:
+    """The name of the first floating-point tensor argument's dtype ("bfloat16"), looking
+    into lists of tensors; None without one. Once per signature, never per call."""
+    for a in args:
+        if a.__class__ is list or a.__class__ is tuple:
+            found = compute_dtype(a)
+            if found is not None:
+                return found
+        elif isinstance(a, Tensor) and a.dtype.is_floating_point:
+            return str(a.dtype).replace("torch.", "")
+    return None
+
+
 def formula_call(args, kwargs, out, resolved) -> tuple:
     """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``);
     ``dtypes`` and ``layouts`` (one per argument) join the kwargs of formulas that declare
@@ -220,7 +234,8 @@ def _work_out(resolved, args, kwargs, out) -> Signature:
         if isinstance(a, Tensor) and a.is_nested:
             raise _EXOTIC
     call = formula_call(args, kwargs, out, resolved) if resolved.kind == FORMULA else None
-    signature = Signature(call, *moved_bytes(resolved, args, kwargs, out))
+    signature = Signature(call, *moved_bytes(resolved, args, kwargs, out),
+                          compute_dtype(args))
     if resolved.decompose is not None:
         resolved.decompose(signature, args, kwargs)
     return signature
@@ -346,7 +361,7 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             formula_kw["group_size"] = group_size(args, resolved.group_arg)
         call = ([p[1] for p in a], o[1], formula_kw)
     sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
-    return sig, Signature(call, read, written)
+    return sig, Signature(call, read, written, compute_dtype(args))
 
 
 _SIGNATURES_CAP = 100_000

@@ -92,6 +92,9 @@ class RunFacts:
     # formulas that failed on some call (their calls are reported unsupported), one line each
     pricing_errors: tuple = ()
     dtensor_ops: tuple = ()
+    # torch.backends.cuda.matmul.allow_tf32 when the block began: fp32 matmuls run on tf32
+    # tensor cores, and MFU divides their flops by the tf32 peak
+    allow_tf32: bool = False
 
 
 def _accumulate(into: dict, key, counts: tuple) -> None:
@@ -114,6 +117,30 @@ def _flops_figure(flops: str):
     if flops == "all":
         return lambda stats: stats.flops
     raise ValueError(f"flops must be one of {UTILISATION_FLOPS}, got {flops!r}")
+
+
+_SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
+                 "tf32": "tf32", "float8_e4m3fn": "fp8 e4m3", "float8_e5m2": "fp8 e5m2"}
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _peaks_text(spec: DeviceSpec, per_peak: dict) -> str:
+    """MFU's denominator in words: one dtype's dense peak, or each dtype's (mixed)."""
+    dtypes = sorted(per_peak, key=lambda d: -per_peak[d])
+    scale, unit = (1e12, "TFLOPS") if min(map(spec.peak_flops, dtypes)) >= 1e12 else (
+        1e9, "GFLOPS")
+
+    def peak(d):
+        return f"{spec.peak_flops(d) / scale:.4g}"
+
+    if len(dtypes) == 1:
+        d = dtypes[0]
+        return f"{peak(d)} {unit} {_SHORT_DTYPES.get(d, d)} dense, {spec.name}"
+    each = ", ".join(f"{_SHORT_DTYPES.get(d, d)} {peak(d)}" for d in dtypes)
+    return f"per-op dtype peaks ({each} {unit} dense), {spec.name}"
 
 
 def as_profile(run) -> "Profile":
@@ -210,8 +237,8 @@ class Profile(TorchCompat):
         return list(self._cached("records", lambda: tuple(
             OpRecord(module=stack[-1], stack=stack, phase=phase, operator=operator,
                      overload=overload, category=category,
-                     stats=Stats.of(counts[:-1], counts[-1], timed))
-            for (stack, phase, operator, overload, category), counts in self._rows)))
+                     stats=Stats.of(counts[:-1], counts[-1], timed), dtype=dtype)
+            for (stack, phase, operator, overload, category, dtype), counts in self._rows)))
 
     def _sum(self, keep) -> Stats:
         total = [0] * len(ROW)
@@ -273,7 +300,7 @@ class Profile(TorchCompat):
 
         def compute():
             sums: dict[str, list] = {}
-            for (_, p, operator, _, _), counts in self._rows:
+            for (_, p, operator, _, _, _), counts in self._rows:
                 if phase is None or p == phase:
                     _accumulate(sums, operator, counts)
             return {op: Stats.of(t[:-1], t[-1], self.timing) for op, t in sums.items()}
@@ -302,7 +329,7 @@ class Profile(TorchCompat):
         operators: dict[str, dict] = {}
         forward_ns: dict[str, int] = {}
         credits: dict[tuple, set] = {}
-        for (stack, p, operator, _, _), counts in self._rows:
+        for (stack, p, operator, _, _, _), counts in self._rows:
             if phase is not None and p != phase:
                 continue
             _accumulate(exclusive, stack[-1], counts)
@@ -356,7 +383,7 @@ class Profile(TorchCompat):
 
     def _calls_in(self, category: str) -> dict[str, int]:
         out: dict[str, int] = {}
-        for (_, _, operator, _, c), counts in self._rows:
+        for (_, _, operator, _, c, _), counts in self._rows:
             if c == category:
                 out[operator] = out.get(operator, 0) + counts[0]
         return out
@@ -408,7 +435,8 @@ class Profile(TorchCompat):
     # -- roofline ---------------------------------------------------------------------------
     def device(self, device: Optional[DeviceSpec] = None) -> DeviceSpec:
         """``device`` when given; else the built-in spec of the GPU the run was made on, or of
-        the current GPU. ``ValueError`` when there is none."""
+        the current GPU. ``ValueError`` when there is none, naming the device and how to
+        pass a ``DeviceSpec``."""
         if device is not None:
             if not isinstance(device, DeviceSpec):
                 raise TypeError(f"device must be a DeviceSpec, got {type(device).__name__}")
@@ -417,10 +445,14 @@ class Profile(TorchCompat):
         if found is None:
             found = device_spec()
         if found is None:
-            raise ValueError("no built-in DeviceSpec for this device (built in: "
-                             f"{sorted(DEVICES)}); pass device=DeviceSpec(name, "
-                             "{'bfloat16': flop_s}, bytes_s) or DeviceSpec.cpu(flop_s, bytes_s)")
+            raise ValueError(f"unknown device {self._device_label()!r}: no built-in "
+                             f"DeviceSpec for it (built in: {sorted(DEVICES)}); pass "
+                             "device=DeviceSpec(name, {'bfloat16': flop_s}, bytes_s) or "
+                             "DeviceSpec.cpu(flop_s, bytes_s)")
         return found
+
+    def _device_label(self) -> str:
+        return self.run.device_name or self.run.device or "cpu"
 
     def roofline_by_operator(self, device: Optional[DeviceSpec] = None, dtype=None
                              ) -> dict[str, Roofline]:
@@ -437,28 +469,102 @@ class Profile(TorchCompat):
 
     def mfu(self, device: Optional[DeviceSpec] = None, dtype=None, *,
             flops: str = "contraction") -> float:
-        """Model flops utilisation: forward + backward flops / (wall time of the block x
-        peak). ``flops="contraction"`` (default): 2 x MACs, the field's model flops (PaLM,
-        Megatron, torchtitan count the contractions); ``flops="all"``: ``model_flops()``,
-        every op's arithmetic (element-wise work too)."""
-        phases = self.by_phase()
-        figure = _flops_figure(flops)
-        return self._utilisation("mfu", sum(figure(phases[p]) for p in MODEL_PHASES),
-                                 device, dtype)
+        """Model flops utilisation: the time forward + backward flops take at peak / the wall
+        time of the block. Each op's flops run at the dense peak of its own compute dtype
+        (its first floating-point argument's: bf16, fp16, fp8, fp32; fp32 contractions at
+        the tf32 peak when ``torch.backends.cuda.matmul.allow_tf32`` was on), so a run
+        mixing dtypes is divided fairly; ``dtype=`` divides every flop by that one dtype's
+        peak instead. ``flops="contraction"`` (default): 2 x MACs, the field's model flops
+        (PaLM, Megatron, torchtitan count the contractions); ``flops="all"``:
+        ``model_flops()``, every op's arithmetic (element-wise work too). ``ValueError`` on
+        an untimed run, an unknown device (pass ``device=DeviceSpec(...)``) or a dtype the
+        device has no peak for; ``mfu_text`` says which instead of raising."""
+        return self._utilisation("mfu", MODEL_PHASES, device, dtype, flops)[0]
 
     def hfu(self, device: Optional[DeviceSpec] = None, dtype=None, *,
             flops: str = "contraction") -> float:
-        """Hardware flops utilisation: every flop executed (recompute and optimizer too) /
-        (wall time x peak); ``flops`` as in ``mfu`` (``"all"``: ``hardware_flops()``)."""
-        return self._utilisation("hfu", _flops_figure(flops)(self.total), device, dtype)
+        """Hardware flops utilisation: every flop executed (recompute and optimizer too) at
+        the peak of its dtype / wall time; as ``mfu`` (``"all"``: ``hardware_flops()``)."""
+        return self._utilisation("hfu", PHASES, device, dtype, flops)[0]
 
-    def _utilisation(self, what: str, flops: int, device, dtype) -> float:
+    def mfu_text(self, device: Optional[DeviceSpec] = None, dtype=None, *,
+                 flops: str = "contraction") -> str:
+        """MFU with its denominator, as printed: ``"MFU 41.3 % of 989.4 TFLOPS bf16 dense,
+        H100-SXM"`` (``"... of per-op dtype peaks (bf16 989.4, fp32 66.9 TFLOPS dense)
+        ..."`` for mixed dtypes), or why there is none: ``"no MFU: unknown device 'cpu'
+        (...)"``."""
+        return self._utilisation_text("mfu", MODEL_PHASES, device, dtype, flops)
+
+    def hfu_text(self, device: Optional[DeviceSpec] = None, dtype=None, *,
+                 flops: str = "contraction") -> str:
+        """HFU with its denominator, or why there is none; see ``mfu_text``."""
+        return self._utilisation_text("hfu", PHASES, device, dtype, flops)
+
+    def _utilisation_text(self, what: str, phases, device, dtype, flops: str) -> str:
+        _flops_figure(flops)  # a bad ``flops`` is the caller's error, raised
+        try:
+            value, peaks = self._utilisation(what, phases, device, dtype, flops)
+        except ValueError as e:
+            return f"no {what.upper()}: {e}"
+        return f"{what.upper()} {100 * value:.1f} % of {peaks}"
+
+    def flops_by_dtype(self, phase: Optional[str] = None, *,
+                       flops: str = "contraction") -> dict[Optional[str], int]:
+        """``{compute dtype: flops}`` of the ops that do arithmetic (one phase, or all):
+        the numerators MFU divides by each dtype's peak. ``None``: ops without a
+        floating-point argument, and runs read from files written before dtypes were kept
+        (MFU takes the model's dtype for them)."""
+        _check_phase(phase)
+        out: dict = {}
+        for (d, _), n in self._flops_by_dtype(PHASES if phase is None else (phase,),
+                                              flops).items():
+            out[d] = out.get(d, 0) + n
+        return out
+
+    def _flops_by_dtype(self, phases, flops: str) -> dict:
+        """``{(dtype, contraction): flops}``: ``contraction`` for rows of ops with MACs."""
+        _flops_figure(flops)
+        macs = ROW.index("macs")
+        index = macs if flops == "contraction" else ROW.index("flops")
+        scale = 2 if flops == "contraction" else 1
+        out: dict = {}
+        for key, counts in self._rows:
+            if key[1] in phases:
+                n = scale * counts[index]
+                if n:
+                    part = (key[5], counts[macs] > 0)
+                    out[part] = out.get(part, 0) + n
+        return out
+
+    def _peak_dtype(self, dtype: Optional[str], contraction: bool, spec: DeviceSpec) -> str:
+        """The peak an op of compute ``dtype`` runs at: the model's dtype when unknown; fp32
+        contractions at tf32 when allow_tf32 was on (and the device has tensor cores)."""
+        dtype = dtype or self.run.dtype
+        if (dtype == "float32" and contraction and self.run.allow_tf32
+                and "tf32" in spec.peak_flops_by_dtype):
+            return "tf32"
+        return dtype
+
+    def _utilisation(self, what: str, phases, device, dtype, flops: str) -> tuple:
+        """``(utilisation, the denominator in words)``."""
+        _flops_figure(flops)
         self._require_timing(what)
         if not self.wall_s:
             raise ValueError(f"{what} needs a finished, timed block: read it after the block")
+        spec = self.device(device)
+        by_dtype = self._flops_by_dtype(phases, flops)
+        per_peak: dict[str, int] = {}
+        if dtype is not None:  # one peak for every flop, as asked
+            per_peak[_dtype_name(dtype)] = sum(by_dtype.values())
+        else:
+            for (d, contraction), n in by_dtype.items():
+                peak = self._peak_dtype(d, contraction, spec)
+                per_peak[peak] = per_peak.get(peak, 0) + n
+        if not per_peak:
+            per_peak[self._peak_dtype(None, True, spec)] = 0
+        seconds = sum(n / spec.peak_flops(d) for d, n in per_peak.items())
         devices = len(self.ranks) or 1  # gathered: flops summed over ranks, wall the longest
-        return flops / (self.wall_s * devices * self.device(device).peak_flops(
-            dtype or self.dtype))
+        return seconds / (self.wall_s * devices), _peaks_text(spec, per_peak)
 
     # -- output -----------------------------------------------------------------------------
     def table(self, depth: int = 2, *, columns: Optional[list] = None,
@@ -492,6 +598,7 @@ class Profile(TorchCompat):
             "wall_s": run.wall_s,
             "steps": run.steps,
             "dtype": run.dtype,
+            "allow_tf32": run.allow_tf32,
             "device": run.device,
             "device_name": run.device_name,
             "rank": run.rank,
@@ -561,7 +668,8 @@ class Profile(TorchCompat):
             latency = stats.get("latency_s")
             counts = tuple(stats.get(c, 0) for c in COUNTS) + (
                 round(latency * 1e9) if latency else 0,)
-            key = (tuple(r["stack"]), r["phase"], r["operator"], r["overload"], r["category"])
+            key = (tuple(r["stack"]), r["phase"], r["operator"], r["overload"], r["category"],
+                   r.get("dtype"))
             _accumulate(rows, key, counts)
         return cls([(k, tuple(v)) for k, v in rows.items()], facts, run)
 
@@ -697,12 +805,13 @@ def since(later: Profile, earlier: Profile) -> Profile:
 # what from_dict reads, with its type: a missing or mistyped field is named in the error
 _RUN_TYPES = {"model": str, "records": list, "modules": list, "timing": bool, "attention": str,
               "has_model": (bool, type(None)), "steps": (int, type(None)),
-              "wall_s": (float, int, type(None))}
+              "wall_s": (float, int, type(None)), "allow_tf32": bool}
 _MODULE_TYPES = {"name": str, "calls": int, "params": int}
 _RECORD_TYPES = {"stack": list, "phase": str, "operator": str, "overload": str,
-                 "category": str, "stats": dict}
+                 "category": str, "stats": dict, "dtype": (str, type(None))}
 _STATS_TYPES = {**{c: int for c in COUNTS}, "latency_s": (float, int, type(None))}
-_OPTIONAL = ("has_model", "steps", "wall_s", "comm_bytes")  # files written before them
+# files written before them
+_OPTIONAL = ("has_model", "steps", "wall_s", "comm_bytes", "dtype", "allow_tf32")
 
 
 def _check(data, types: dict, where: str) -> None:
@@ -727,7 +836,7 @@ def _difference(a: Profile, b: Profile) -> str:
         return f"different module trees ({a.root_label}: modules differ)"
     if a.module_facts.params != b.module_facts.params:
         return f"different parameter counts ({a.root_label}: a module's parameters differ)"
-    for option in ("attention", "timing", "saved_activations"):
+    for option in ("attention", "timing", "saved_activations", "allow_tf32"):
         if getattr(a.run, option) != getattr(b.run, option):
             return (f"different {option} ({getattr(a.run, option)!r} and "
                     f"{getattr(b.run, option)!r}): count both runs with the same options")

@@ -31,6 +31,7 @@ from ._results import COUNTS, PHASES, PRICED, UNSUPPORTED
 
 CALLS, NS, SIGNATURE = range(3)
 ROW = COUNTS + ("ns",)  # a row's counts: every Stats count, then measured ns
+_FLOPS = PRICED.index("flops")
 
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
@@ -48,14 +49,18 @@ class Signature:
     """One distinct call of an op, worked out from its arguments: the formula's arguments
     (``call``: ``(args, out_shape, kwargs)`` as the formula contract has them, or None for an
     op without a formula) and the bytes it reads and writes. Pure data (shapes, ints), never
-    a tensor; priced once, when first read (``unit``)."""
+    a tensor; priced once, when first read (``unit``). ``dtype``: the compute dtype, the
+    name of the first floating-point tensor argument's dtype ("bfloat16"), None without one:
+    MFU divides each op's flops by the peak of its dtype."""
 
-    __slots__ = ("call", "bytes_read", "bytes_written", "_unit")
+    __slots__ = ("call", "bytes_read", "bytes_written", "dtype", "_unit")
 
-    def __init__(self, call, bytes_read: int, bytes_written: int):
+    def __init__(self, call, bytes_read: int, bytes_written: int,
+                 dtype: Optional[str] = None):
         self.call = call
         self.bytes_read = bytes_read
         self.bytes_written = bytes_written
+        self.dtype = dtype
         self._unit = None
 
     def set_cost(self, flops: int, macs: int) -> None:
@@ -158,7 +163,8 @@ def engine_cache(registry) -> EngineCache:
 
 class Layout:
     """Which row each of a ledger's first ``n`` records counts toward, and what one call of it
-    counts. Records and frames are only ever appended, so a layout stays valid for its ledger
+    counts. A row of ops that do arithmetic is split by the ops' compute dtype (the
+    signature's); other rows carry dtype None. Records and frames are only ever appended, so a layout stays valid for its ledger
     until the ledger grows. Made when a counter ends (or is read): the signatures met for the
     first time are priced then."""
 
@@ -169,7 +175,8 @@ class Layout:
         self.n = len(records)
         index = {id(rec): i for i, rec in enumerate(records)}
         rows: dict[tuple, int] = {}
-        self.keys: list[tuple] = []  # (stack, phase, operator, overload, category) per row
+        # (stack, phase, operator, overload, category, dtype) per row
+        self.keys: list[tuple] = []
         self.row_of = [0] * self.n
         zero = (0,) * len(PRICED)
         self.units: list[tuple] = [zero] * self.n  # PRICED per call of each record
@@ -186,6 +193,7 @@ class Layout:
                     func = resolved.func
                     category = CATEGORY_NAMES[resolved.category.value]
                     signature = rec[SIGNATURE]
+                    dtype = None
                     if signature is not None:
                         try:
                             self.units[i] = signature.unit(resolved)
@@ -193,12 +201,14 @@ class Layout:
                             self._failed(str(e))
                             self.units[i] = bytes_only(signature)
                             category = UNSUPPORTED
-                    row_key = (frame.stack, phase, op, category)
+                        if self.units[i][_FLOPS]:
+                            dtype = signature.dtype
+                    row_key = (frame.stack, phase, op, category, dtype)
                     row = rows.get(row_key)
                     if row is None:
                         row = rows[row_key] = len(self.keys)
                         self.keys.append((frame.stack, phase, str(func.overloadpacket),
-                                          str(func), category))
+                                          str(func), category, dtype))
                     self.row_of[i] = row
 
     def _failed(self, error: str) -> None:
@@ -235,7 +245,7 @@ class Captured:
 
     def rows(self) -> tuple:
         """``((key, counts), ...)``: ``key`` is ``(stack, phase, operator, overload,
-        category)``, ``counts`` in ``ROW`` order; in the order the frames and ops were first
+        category, dtype)``, ``counts`` in ``ROW`` order; in the order the frames and ops were first
         met; rows that counted nothing are left out. Counts equal to the layout's last rows'
         give those rows again (the same tuple)."""
         layout, calls, ns = self.layout, self.calls, self.ns

@@ -171,6 +171,9 @@ class OpRecord:
     overload: str  # e.g. "aten.mm.default"
     category: str  # EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED or COMMUNICATION
     stats: Stats
+    # the compute dtype of ops that do arithmetic (their first floating-point tensor
+    # argument's, e.g. "bfloat16"): MFU's peak; None for ops without flops or floats
+    dtype: Optional[str] = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

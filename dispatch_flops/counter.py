@@ -98,6 +98,7 @@ class FlopCounter:
     def __enter__(self) -> "FlopCounter":
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
+        self._allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
         timer = new_timer(self.trace, self._cuda_devices()) if self.timing else None
         runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
         relay = _relay_below(timer) if timer is not None else None
@@ -239,6 +240,7 @@ class FlopCounter:
             rank=rank, world_size=world_size,
             timing=self.timing, saved_activations=self.saved_activations,
             wall_s=self.wall_s, dtype=str(dtype).replace("torch.", ""),
+            allow_tf32=getattr(self, "_allow_tf32", False),
             device=device.type if device is not None else None,
             device_name=torch.cuda.get_device_name(device)
             if device is not None and device.type == "cuda" else None)
@@ -325,8 +327,9 @@ def _user_frame():
 _VIEWS = ("records", "by_phase", "model_flops", "hardware_flops", "by_operator", "by_module",
           "module_names", "module_types", "unsupported_ops", "estimated_ops", "coverage",
           "top_ops_by_time", "top_modules_by_time", "roofline_by_operator",
-          "roofline_by_module", "mfu", "hfu", "table", "to_dict", "to_json", "to_csv",
-          "to_dataframe", "get_total_flops", "get_flop_counts", "get_table")
+          "roofline_by_module", "mfu", "hfu", "mfu_text", "hfu_text", "flops_by_dtype",
+          "table", "to_dict", "to_json", "to_csv", "to_dataframe", "get_total_flops",
+          "get_flop_counts", "get_table")
 
 
 def _delegate(name: str):

@@ -106,7 +106,7 @@ def test_json_schema(tmp_path):
     assert all(m["forward_span_ns"] is None for m in data["modules"])  # untimed
     record = data["records"][0]
     assert set(record) == {"module", "stack", "phase", "operator", "overload", "category",
-                           "stats"}
+                           "stats", "dtype"}
     assert set(record["stats"]) == set(Stats().to_dict())
 
 
