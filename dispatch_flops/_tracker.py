@@ -122,7 +122,8 @@ def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
         name, module = todo.pop()
         if id(module) in name_of:
             continue
-        inner = unwrap_compiled(module)
+        inner = unwrap_compiled(module) if module.__class__.__name__ == "OptimizedModule" \
+            else module
         if inner is not module:  # torch.compile(module): its calls are the module's
             name_of[id(module)] = name
             module = inner
@@ -686,6 +687,18 @@ class ModuleTracker:
             counts = tuple(sum(p.numel() for p in m.parameters()) for m in self._modules)
             cached = self.ledger.params = (modules, types, counts)
         return cached[1], cached[2]
+
+    def first_parameter(self):
+        """The model's first floating parameter (its first parameter if none is floating;
+        None without one), read from the modules walked on entry."""
+        first = None
+        for module in self._modules:
+            for p in module._parameters.values():
+                if p is not None:
+                    if p.is_floating_point():
+                        return p
+                    first = first if first is not None else p
+        return first
 
     def call_counts(self) -> dict[str, int]:
         """Forward calls of each module, over all the frames it ran in."""

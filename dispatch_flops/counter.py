@@ -208,8 +208,8 @@ class FlopCounter:
             calls=calls, spans=tracker.spans(calls) if self.timing else {},
             saved=tracker.saved() if self.saved_activations else {})
         counts = Captured(tracker.ledger, self._mode.resolved)
-        return counts, facts, replace(self._run_facts(), pricing_errors=counts.errors,
-                                      dtensor_ops=self._mode.logical_ops())
+        return counts, facts, self._run_facts(pricing_errors=counts.errors,
+                                              dtensor_ops=self._mode.logical_ops())
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured
@@ -227,13 +227,15 @@ class FlopCounter:
             self._tracker.ledger.last = profile
         return profile
 
-    def _run_facts(self) -> RunFacts:
+    def _run_facts(self, **more) -> RunFacts:
         dtype, device = torch.float32, None
-        for p in self.model.parameters() if self.model is not None else ():
-            device = device or p.device
-            if p.is_floating_point():
-                dtype = p.dtype
-                break
+        first = self._tracker.first_parameter() if self._tracker is not None else None
+        if first is None and self.model is not None:  # never entered: ask the model
+            first = next(iter(self.model.parameters()), None)
+        if first is not None:
+            device = first.device
+            if first.is_floating_point():
+                dtype = first.dtype
         rank, world_size = _rank_and_world()
         return RunFacts(
             model=self.root_label, has_model=self.model is not None, attention=self.attention,
@@ -243,7 +245,7 @@ class FlopCounter:
             allow_tf32=getattr(self, "_allow_tf32", False),
             device=device.type if device is not None else None,
             device_name=torch.cuda.get_device_name(device)
-            if device is not None and device.type == "cuda" else None)
+            if device is not None and device.type == "cuda" else None, **more)
 
     @property
     def wall_s(self) -> Optional[float]:
