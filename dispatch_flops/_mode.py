@@ -29,7 +29,7 @@ from dispatch_flops.formulas import SparseInfo
 from ._records import CALLS, NS, SIGNATURE, PricingError, Signature, engine_cache
 from ._results import PRICED
 from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
-from ._tracker import RECOMPUTE_I, phase_of, running
+from ._tracker import RECOMPUTE_I, phase_of
 from ._tracker import top_saved_tensors_hooks as _top_saved_tensors_hooks
 
 # the hot path builds records as literals, [0, 0, signature], and indexes them with literals

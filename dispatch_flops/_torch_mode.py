@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import warnings
 from bisect import bisect_right
-from collections import defaultdict
 from typing import Optional
 
 import torch

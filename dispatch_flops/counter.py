@@ -8,7 +8,6 @@ from the dispatch mode to a view.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -23,7 +22,7 @@ from ._meta import MetaRunner
 from ._mode import CountingMode, GuardedCountingMode, exit_mode
 from ._profile import ModuleFacts, Profile, RunFacts
 from ._records import Captured, engine_cache
-from ._results import GLOBAL, ROOT
+from ._results import GLOBAL
 from ._timing import Relay, Relayed, Timer, cuda_index
 from ._trace import is_tracing, new_timer, trace_events
 from ._tracker import ModuleTracker, ledger_for, suspendable

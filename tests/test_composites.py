@@ -5,7 +5,6 @@ a built-in formula is priced by counting its decomposition."""
 
 import warnings
 
-import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st

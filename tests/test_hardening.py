@@ -94,7 +94,6 @@ def test_a_thousand_adamw_steps_in_bounded_memory():
         tracemalloc.stop()
     assert records_in(fc) == records
     assert late - early < 64 * 1024, (early, late)
-    assert fc.by_phase()["optimizer"].calls == 1000 * fc.by_phase()["optimizer"].calls // 1000
 
 
 # ---- threads and control flow ---------------------------------------------------------------
@@ -281,7 +280,6 @@ def test_symbolic_sizes_count_by_their_hints():
         work(*real)
     assert symbolic.by_operator() == concrete.by_operator()
     assert symbolic.unsupported_ops() == {}
-    assert "6" in symbolic.table() or symbolic.total.flops == concrete.total.flops
 
 
 @pytest.mark.parametrize("layout", ["jagged", "strided"])
@@ -311,36 +309,36 @@ def test_formulas_are_checked_when_registered():
         register_formula(torch.ops.aten.mm.default)(lambda a, b, *, out_shape: Cost(0))
 
 
-@pytest.mark.parametrize("returns", [None, "7", (3, 1), -1, float("nan"), 2.5, "raise"])
-def test_a_failing_formula_loses_nothing_else(returns):
+# what a broken formula returns: not a Cost, or a Cost that is not of integers >= 0
+BROKEN = {"none": None, "str": "7", "tuple": (3, 1), "negative": Cost(-1),
+          "nan": Cost(float("nan")), "float": Cost(2.5), "raise": ZeroDivisionError}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_a_failing_formula_loses_nothing_else(broken):
     reg = Registry()
     reg.formula(torch.ops.aten.mm)(lambda a, b, *, out_shape: Cost(2 * a[0] * a[1] * b[1],
                                                                    a[0] * a[1] * b[1]))
 
     def bad(x, *, out_shape):
-        if returns == "raise":
+        if BROKEN[broken] is ZeroDivisionError:
             raise ZeroDivisionError("bad formula")
-        return Cost(returns, 0) if isinstance(returns, (int, float)) and returns != 2.5 \
-            and returns == returns else returns if returns != 2.5 else Cost(2.5)
+        return BROKEN[broken]
 
-    if isinstance(returns, float) and returns != returns:
-        def bad(x, *, out_shape):  # noqa: F811
-            return Cost(returns)
     reg.formula(torch.ops.aten.cos)(bad)
     a, b = torch.randn(3, 4), torch.randn(4, 5)
     with pytest.warns(RuntimeWarning, match="aten.cos"):
         with FlopCounter(registry=reg) as fc:
             (a @ b).cos()
             (a @ b).cos()
-            fc_total = None
-        fc_total = fc.total
+        total = fc.total
     assert fc.by_operator()["aten.mm"].macs == 2 * 3 * 4 * 5
     assert fc.unsupported_ops() == {"aten.cos": 2}
     assert fc.by_operator()["aten.cos"].bytes_read == 2 * 15 * 4  # bytes still counted
     (error,) = fc.to_profile().run.pricing_errors
     assert "aten.cos.default" in error and "(3, 5)" in error
     assert "Formula failed" in fc.table()
-    assert fc_total.flops == 2 * 2 * 3 * 4 * 5
+    assert total.flops == 2 * 2 * 3 * 4 * 5
 
 
 def test_numpy_integers_are_counts():
