@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,10 +221,26 @@ def help_examples():
     return joined
 
 
-@pytest.mark.parametrize("example", help_examples())
+def readme_examples():
+    """The ``dispatch-flops`` commands of README.md's shell blocks, comments dropped."""
+    text = (TESTS.parent / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", "").splitlines():
+            if line.startswith("dispatch-flops"):
+                commands.append(" ".join(line.split("#")[0].split()))
+    return commands
+
+
+def test_readme_and_help_examples_are_found():
+    assert len(readme_examples()) >= 3 and len(help_examples()) >= 3
+
+
+@pytest.mark.parametrize("example", sorted(set(help_examples()) | set(readme_examples())))
 def test_every_help_example_runs(example, tmp_path):
-    """Each example of --help runs as written (my_models.py: a small stand-in for the user's
-    file; CUDA examples on the CPU where there is none), with no package the extras lack."""
+    """Each example of --help and README runs as written (my_models.py: a small stand-in for
+    the user's file; CUDA examples on the CPU where there is none), with no package the
+    extras lack."""
     (tmp_path / "my_models.py").write_text(MY_MODELS)
     args = example.split()[1:]
     if not torch.cuda.is_available():
