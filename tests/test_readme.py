@@ -154,6 +154,15 @@ def test_every_python_block_is_run():
     assert "<!-- not run" not in README.read_text()
 
 
+def test_code_fits_a_100_column_terminal():
+    """Code blocks do not wrap (prose does): each of their lines fits 100 columns."""
+    text = README.read_text()
+    long = [(text.count("\n", 0, m.start()) + 1 + i, line)
+            for m in re.finditer(r"```\w*\n(.*?)```", text, re.S)
+            for i, line in enumerate(m.group(1).splitlines(), 1) if len(line) > 100]
+    assert not long
+
+
 def test_readme_python_blocks_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # blocks write run.json, run.csv, trace.json, trainer logs
     import matplotlib
