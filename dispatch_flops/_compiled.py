@@ -8,10 +8,16 @@ says True: dynamo compiles and runs compiled code under it, with every mode swit
 compiling. Dynamo would still trace the counter's global module and optimizer hooks into the
 graphs it compiles meanwhile (a graph break at each module call, baked into the cache); the
 counter takes its hooks out of torch's global hook dicts for the duration of every compile
-(dynamo's compile start and end callbacks) and puts them back after. On older torch (no
-``ignore_compile_internals``) dynamo skips frames under the mode as before and the counted
-step runs eagerly, counted as eager; ``_restore_skipped`` then undoes the cached refusals of
-the frames skipped while counting (see there).
+(dynamo's compile start and end callbacks) and puts them back after.
+
+Per torch version: 2.9 and later, as above (the counted step runs compiled). 2.6 to 2.8 (no
+``ignore_compile_internals``): dynamo skips every frame under the mode, so the counted step
+runs eagerly and is counted as eager, and caches the skip on each code object as an
+exec strategy; ``_watch_skips`` notes those codes and ``_restore_skipped`` sets their strategy
+back when the last counter leaves, so the compiled code (never dropped) runs again. Tested on
+2.8.0 (tests/test_compiled.py::test_stays_compiled_after_counting fails there without it).
+2.4 and 2.5 have no per-code strategy to set back; nothing is watched there (untested: this
+package does not import on 2.5.1).
 
 **Count what compiled code runs.** Every graph dynamo hands to a backend (inductor or any
 other) is wrapped in a ``Graph`` (``install``, once, when this package is imported: graphs
@@ -562,6 +568,58 @@ def install() -> None:
         call_user_compiler.__wrapped__ = original
         OutputGraph.call_user_compiler = call_user_compiler
         _INSTALLED.append(original)
+        if not has_ignore_compile_internals():
+            _watch_skips()
+
+
+# -- torch < 2.9: the skips dynamo cached while a counter counted, undone -------------------
+_SKIPPED: set = set()  # code objects dynamo skipped because a counting mode was on
+_RESTORE: list = []  # set_code_exec_strategy and the strategy that lets dynamo look again
+
+
+def _watch_skips() -> None:
+    """Without ``ignore_compile_internals`` dynamo skips every frame it meets under a
+    dispatch mode (its compiled code too: the frame runs eagerly, counted as eager) and
+    caches the skip on the frame's code object: ``FrameExecStrategy(SKIP, DEFAULT)``, kept
+    for every later call. torch 2.6 to 2.8 set it from the frame callback's answer (in
+    ``CatchErrorsWrapper``, where the mode check is) and can set it back
+    (``set_code_exec_strategy``): the callback is wrapped to note the codes skipped while a
+    counter counts, and ``_restore_skipped`` gives them back the default when the last
+    counter leaves; their compiled code, never dropped, runs again. Older torch has no
+    per-code strategy to set back: nothing is watched there."""
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo import convert_frame
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+        from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+    except ImportError:
+        return
+    wrapper = getattr(convert_frame, "CatchErrorsWrapper", None)
+    if wrapper is None:
+        return
+    original = wrapper.__call__
+
+    def __call__(self, frame, *args, **kwargs):
+        result = original(self, frame, *args, **kwargs)
+        if ACTIVE and getattr(result, "guarded_code", True) is None and \
+                is_in_torch_dispatch_mode(include_infra_modes=False):
+            _SKIPPED.add(frame.f_code)
+        return result
+
+    __call__.__wrapped__ = original
+    wrapper.__call__ = __call__
+    _RESTORE.append((set_code_exec_strategy,
+                     FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)))
+
+
+def _restore_skipped() -> None:
+    """Let dynamo look again at the codes it skipped while counters counted (see
+    ``_watch_skips``)."""
+    if not _RESTORE:
+        return
+    set_strategy, default = _RESTORE[0]
+    while _SKIPPED:
+        set_strategy(_SKIPPED.pop(), default)
 
 
 # -- while a counter counts ---------------------------------------------------------------
@@ -619,6 +677,7 @@ def leave(mode) -> None:
     with _LOCK:
         ACTIVE[:] = [(m, t) for m, t in ACTIVE if m is not mode]
         if not ACTIVE:
+            _restore_skipped()
             handler = _callbacks()
             if handler is not None:
                 for remove, fn in ((handler.remove_start_callback, _hide_hooks),

@@ -308,3 +308,35 @@ def test_graph_runs_are_timed_by_cuda_events(monkeypatch):
     assert profile.graph_runs == {("",): (1, TICK_NS / 1e9, TICK_NS / 1e9)}
     assert fake.records_on(0) > 0
 
+
+def test_stays_compiled_after_counting():
+    """On every torch: a compiled model counted on its first call, or on a later one, runs
+    its compiled graph on every call after the counted step (a backend that notes its runs
+    says so), with no recompile; the counted step counts what eager counts."""
+    from torch._inductor.compile_fx import compile_fx
+
+    runs = []
+
+    def backend(gm, example_inputs):
+        compiled = compile_fx(gm, example_inputs)
+
+        def run(*args):
+            runs.append(1)
+            return compiled(*args)
+        return run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    x = torch.randn(4, 8)
+    eager = counted(copy.deepcopy(model), x)
+    for counted_first in (True, False):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=backend)
+        if not counted_first:
+            compiled(x).sum().backward()
+        assert_same_counts(counted(compiled, x), eager)
+        before, frames = len(runs), dict(counters["frames"])
+        for _ in range(2):
+            compiled(x).sum().backward()
+        assert len(runs) == before + 2, counted_first
+        assert dict(counters["frames"]) == frames or not frames  # compiled once, at most
