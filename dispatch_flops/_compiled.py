@@ -8,10 +8,16 @@ says True: dynamo compiles and runs compiled code under it, with every mode swit
 compiling. Dynamo would still trace the counter's global module and optimizer hooks into the
 graphs it compiles meanwhile (a graph break at each module call, baked into the cache); the
 counter takes its hooks out of torch's global hook dicts for the duration of every compile
-(dynamo's compile start and end callbacks) and puts them back after. On older torch (no
-``ignore_compile_internals``) dynamo skips frames under the mode as before and the counted
-step runs eagerly, counted as eager; ``_restore_skipped`` then undoes the cached refusals of
-the frames skipped while counting (see there).
+(dynamo's compile start and end callbacks) and puts them back after.
+
+Per torch version: 2.9 and later, as above (the counted step runs compiled). 2.6 to 2.8 (no
+``ignore_compile_internals``): dynamo skips every frame under the mode, so the counted step
+runs eagerly and is counted as eager, and caches the skip on each code object as an
+exec strategy; ``_watch_skips`` notes those codes and ``_restore_skipped`` sets their strategy
+back when the last counter leaves, so the compiled code (never dropped) runs again. Tested on
+2.8.0 (tests/test_compiled.py::test_stays_compiled_after_counting fails there without it).
+2.4 and 2.5 have no per-code strategy to set back; nothing is watched there (untested: this
+package does not import on 2.5.1).
 
 **Count what compiled code runs.** Every graph dynamo hands to a backend (inductor or any
 other) is wrapped in a ``Graph`` (``install``, once, when this package is imported: graphs
@@ -21,12 +27,22 @@ shapes: its GraphModule is re-run on fake tensors under the counter's own mode, 
 in the frame its ``nn_module_stack`` names (the user's module names: the stack holds the
 modules themselves), then its backward on fake gradients; what that adds to the ledger's
 records, forward and backward apart, are the graph's counts. Each real run of the graph then
-adds its forward counts (one loop over its records), runs with the counter's accumulators
-pointed at a sink (the extern kernels it still dispatches are in the counts already) and adds
-its backward counts when autograd first runs one of the nodes it made (the nodes' sequence
-numbers are mapped to the sink too). So compiled counts are eager's counts of the same graph:
-the same formulas, signatures and attribution, with no second pricing path and no double
-counting; what inductor fuses or decomposes does not change them.
+adds its forward counts (one loop over its records) and runs with the counting modes taken off
+the dispatch stack (``Without``; a user's other modes stay, in order, and the stack is put
+back even when the graph raises): the extern kernels it still dispatches are in the counts
+already, and would otherwise each go through Python. Its compiled backward runs the same way
+(``_backward_without`` wraps the backward of the aot_autograd Function class it ran), and
+its backward counts are added when autograd first runs a node it made; the sequence numbers of
+the nodes it made are mapped to a sink too, for the ops of nodes that are not aot_autograd's.
+So compiled counts are eager's counts of the same graph: the same formulas, signatures and
+attribution, with no second pricing path and no double counting; what inductor fuses or
+decomposes does not change them.
+
+**Time.** With timing on, each graph run is timed whole, forward and backward apart, by the
+counter's timer (``mark``/``span``: the host clock on the CPU, events on the device's
+current stream on CUDA), into ``ModuleFacts.graph_runs`` under the module that ran it. The
+modules inside a graph have no time of their own (fused kernels): they are listed in
+``ModuleFacts.in_graphs``, their ``latency_s`` is None and the table says ``in graph``.
 """
 
 from __future__ import annotations
@@ -37,6 +53,9 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+from torch.utils._python_dispatch import (_get_current_dispatch_mode_stack as _mode_stack,
+                                          _pop_mode, _push_mode)
 
 from ._records import CALLS, NS
 from ._results import PHASES, ROOT
@@ -81,7 +100,6 @@ class _SinkFrame:
 
 
 SINK_FRAME = _SinkFrame()
-SINK = SINK_FRAME.acc[0]
 
 
 class _Priced:
@@ -137,30 +155,37 @@ class Graph:
             if priced is None or priced.ledger is not tracker.ledger:
                 priced = self.priced[key] = self._price(mode, tracker, args, kwargs)
             runs.append((mode, tracker, priced))
-        saved = []
+        timed = []
         for mode, tracker, priced in runs:
             for rec, n in priced.forward:
                 rec[CALLS] += n
             for frame, n in priced.calls:
                 frame.calls += n
-            saved.append(mode.forward_acc)
-            mode.forward_acc = SINK
+            ran = tracker.__dict__.setdefault("_compiled_ran", {})
+            ran[id(priced)] = priced
+            if tracker.timer is not None:
+                timed.append((tracker.timer, _times(tracker), tracker))
         first = _sequence_nr()
+        modes = tuple(mode for mode, _, _ in runs)
+        marks = [timer.mark() for timer, _, _ in timed]
         try:
-            # no mode on the stack while it runs: what it dispatches is counted already, and
-            # a Python mode slows a compiled graph's every dispatched op
-            with _no_modes():
+            # the counting modes are off the stack while it runs (other modes stay): what it
+            # dispatches is counted already, and a Python mode slows its every extern kernel
+            with Without(modes):
                 out = self.compiled(*args, **kwargs)
         finally:
-            for (mode, tracker, priced), acc in zip(runs, saved):
-                mode.forward_acc = acc
+            for (timer, times, _), start in zip(timed, marks):
+                times[RUNS] += 1
+                timer.span(times, FORWARD_NS, start, timer.mark())
         last = _sequence_nr()
         self.runs += 1
         if last > first:  # nodes made: their backward is counted once, when it first runs
+            nodes = _nodes_made(out, first, last)
+            _run_backward_without(nodes, modes, timed)
             for mode, tracker, priced in runs:
                 _sink_backward(tracker, first, last)
                 if priced.backward:
-                    _add_on_backward(out, first, last, mode, tracker, priced.backward)
+                    _add_on_backward(nodes, mode, tracker, priced.backward)
         return out
 
     def _renames(self, tracker, args) -> dict:
@@ -238,9 +263,43 @@ class Graph:
         return _Priced(ledger, forward, backward, list(frames.calls.items()))
 
 
-def _no_modes():
-    from torch.utils._python_dispatch import _disable_current_modes
-    return _disable_current_modes()
+class Without:
+    """Takes ``modes`` off the dispatch mode stack for the block, wherever they are on it, and
+    puts the stack back as it was on the way out, exception or not; every other mode (a
+    user's mode above or below ours) stays on, in its order."""
+
+    __slots__ = ("modes", "popped", "kept")
+
+    def __init__(self, modes):
+        self.modes = modes
+
+    def __enter__(self):
+        stack = _mode_stack()
+        modes = [m for m in self.modes if any(m is s for s in stack)]
+        popped, kept = [], []
+        if modes:
+            # user modes pop from the top down; ours are among them, so reached before any
+            # infra mode (those sit apart, in fixed slots)
+            left = len(modes)
+            while left:
+                top = _pop_mode()
+                popped.append(top)
+                if any(top is m for m in modes):
+                    left -= 1
+                else:
+                    kept.append(top)
+            for m in reversed(kept):
+                _push_mode(m)
+        self.popped, self.kept = popped, kept
+        return self
+
+    def __exit__(self, *exc):
+        for _ in self.kept:
+            _pop_mode()
+        for m in reversed(self.popped):
+            _push_mode(m)
+        self.popped = self.kept = ()
+        return False
 
 
 class _nullcontext:
@@ -282,9 +341,21 @@ def _sink_backward(tracker, first: int, last: int) -> None:
     frames.append(tracker.current)
 
 
-def _add_on_backward(out, first, last, mode, tracker, backward) -> None:
-    """Add ``backward`` to the records when autograd first runs a node the graph's run made
-    (while the same counter still counts)."""
+def _nodes_made(out, first: int, last: int) -> list:
+    """The autograd nodes of a graph's outputs that its run made (numbered ``first`` to
+    ``last - 1``), each once."""
+    nodes, seen = [], set()
+    for o in _flat(out):
+        node = o.grad_fn if isinstance(o, Tensor) else None
+        if node is not None and first <= node._sequence_nr() < last and id(node) not in seen:
+            seen.add(id(node))
+            nodes.append(node)
+    return nodes
+
+
+def _add_on_backward(nodes, mode, tracker, backward) -> None:
+    """Add ``backward`` to the records when autograd first runs one of ``nodes`` (while the
+    same counter still counts)."""
     done = []
 
     def hook(*_):
@@ -293,12 +364,72 @@ def _add_on_backward(out, first, last, mode, tracker, backward) -> None:
             for rec, n in backward:
                 rec[CALLS] += n
 
-    seen = set()
-    for o in _flat(out):
-        node = o.grad_fn if isinstance(o, Tensor) else None
-        if node is not None and first <= node._sequence_nr() < last and id(node) not in seen:
-            seen.add(id(node))
-            node.register_prehook(hook)
+    for node in nodes:
+        node.register_prehook(hook)
+
+
+_RUN_ATTR = "_dispatch_flops_run"  # on an aot_autograd node: (modes, timed) of its forward
+
+
+def _run_backward_without(nodes, modes, timed) -> None:
+    """The compiled backward of these nodes runs with ``modes`` off the stack, as their
+    forward did (its counts are the graph's, added by ``_add_on_backward``), timed whole by
+    each timing counter that ran the forward. An aot_autograd node is a custom Function's
+    context: its class's ``backward`` is wrapped once (one class per compiled graph) to read
+    what its forward left on the node."""
+    for node in nodes:
+        cls = getattr(node, "_forward_cls", None)
+        if cls is None or not hasattr(cls, "compiled_bw"):
+            continue  # not aot_autograd's: its ops go to the sink (_sink_backward)
+        if not getattr(cls.backward, "_dispatch_flops", False):
+            cls.backward = staticmethod(_backward_without(cls.backward))
+        setattr(node, _RUN_ATTR, (modes, timed))
+
+
+def _backward_without(backward):
+    def counted_backward(ctx, *grads):
+        run = getattr(ctx, _RUN_ATTR, None)
+        if run is None:
+            return backward(ctx, *grads)
+        modes, timed = run
+        timed = [(timer, times) for timer, times, tracker in timed
+                 if any(t is tracker for _, t in ACTIVE)]
+        marks = [timer.mark() for timer, _ in timed]
+        try:
+            with Without(modes):
+                return backward(ctx, *grads)
+        finally:
+            for (timer, times), start in zip(timed, marks):
+                timer.span(times, BACKWARD_NS, start, timer.mark())
+
+    counted_backward._dispatch_flops = True
+    counted_backward.__wrapped__ = backward
+    return counted_backward
+
+
+# a graph run's times, per module stack that ran it: [runs, forward ns, backward ns]
+RUNS, FORWARD_NS, BACKWARD_NS = 0, 1, 2
+
+
+def _times(tracker) -> list:
+    """The times of graphs run from the running frame (timing on)."""
+    by_stack = tracker.__dict__.setdefault("_compiled_times", {})
+    stack = tracker.current.stack
+    times = by_stack.get(stack)
+    if times is None:
+        times = by_stack[stack] = [0, 0, 0]
+    return times
+
+
+def graph_facts(tracker) -> tuple:
+    """``(graph_runs, in_graphs)`` of a counter's run, for its ``ModuleFacts``:
+    ``{module stack: (runs, forward ns, backward ns)}`` of the compiled graphs it ran (timing
+    on), and the names of the modules whose forward ran inside one of them."""
+    times = tracker.__dict__.get("_compiled_times", {})
+    names = {frame.name for priced in tracker.__dict__.get("_compiled_ran", {}).values()
+             for frame, _ in priced.calls}
+    return ({stack: tuple(t) for stack, t in times.items()},
+            tuple(n for n in tracker.names() if n in names))
 
 
 def _innermost(node) -> Optional[int]:
@@ -437,6 +568,58 @@ def install() -> None:
         call_user_compiler.__wrapped__ = original
         OutputGraph.call_user_compiler = call_user_compiler
         _INSTALLED.append(original)
+        if not has_ignore_compile_internals():
+            _watch_skips()
+
+
+# -- torch < 2.9: the skips dynamo cached while a counter counted, undone -------------------
+_SKIPPED: set = set()  # code objects dynamo skipped because a counting mode was on
+_RESTORE: list = []  # set_code_exec_strategy and the strategy that lets dynamo look again
+
+
+def _watch_skips() -> None:
+    """Without ``ignore_compile_internals`` dynamo skips every frame it meets under a
+    dispatch mode (its compiled code too: the frame runs eagerly, counted as eager) and
+    caches the skip on the frame's code object: ``FrameExecStrategy(SKIP, DEFAULT)``, kept
+    for every later call. torch 2.6 to 2.8 set it from the frame callback's answer (in
+    ``CatchErrorsWrapper``, where the mode check is) and can set it back
+    (``set_code_exec_strategy``): the callback is wrapped to note the codes skipped while a
+    counter counts, and ``_restore_skipped`` gives them back the default when the last
+    counter leaves; their compiled code, never dropped, runs again. Older torch has no
+    per-code strategy to set back: nothing is watched there."""
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo import convert_frame
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+        from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+    except ImportError:
+        return
+    wrapper = getattr(convert_frame, "CatchErrorsWrapper", None)
+    if wrapper is None:
+        return
+    original = wrapper.__call__
+
+    def __call__(self, frame, *args, **kwargs):
+        result = original(self, frame, *args, **kwargs)
+        if ACTIVE and getattr(result, "guarded_code", True) is None and \
+                is_in_torch_dispatch_mode(include_infra_modes=False):
+            _SKIPPED.add(frame.f_code)
+        return result
+
+    __call__.__wrapped__ = original
+    wrapper.__call__ = __call__
+    _RESTORE.append((set_code_exec_strategy,
+                     FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)))
+
+
+def _restore_skipped() -> None:
+    """Let dynamo look again at the codes it skipped while counters counted (see
+    ``_watch_skips``)."""
+    if not _RESTORE:
+        return
+    set_strategy, default = _RESTORE[0]
+    while _SKIPPED:
+        set_strategy(_SKIPPED.pop(), default)
 
 
 # -- while a counter counts ---------------------------------------------------------------
@@ -494,6 +677,7 @@ def leave(mode) -> None:
     with _LOCK:
         ACTIVE[:] = [(m, t) for m, t in ACTIVE if m is not mode]
         if not ACTIVE:
+            _restore_skipped()
             handler = _callbacks()
             if handler is not None:
                 for remove, fn in ((handler.remove_start_callback, _hide_hooks),

@@ -31,6 +31,7 @@ from . import export
 from ._records import ROW
 from ._report import module_table
 from ._results import (
+    BACKWARD,
     CATEGORIES,
     COUNTS,
     ESTIMATED,
@@ -66,6 +67,11 @@ class ModuleFacts:
     calls: dict = field(default_factory=dict)
     spans: dict = field(default_factory=dict)
     saved: dict = field(default_factory=dict)
+    # compiled graphs (torch.compile): {stack of the module that ran them: (runs, forward ns,
+    # backward ns)} (ns with timing on), and the modules whose forward ran inside one (their
+    # own time does not exist: the graph runs fused kernels; see Profile.in_graphs)
+    graph_runs: dict = field(default_factory=dict)
+    in_graphs: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -240,22 +246,46 @@ class Profile(TorchCompat):
                      stats=Stats.of(counts[:-1], counts[-1], timed), dtype=dtype)
             for (stack, phase, operator, overload, category, dtype), counts in self._rows)))
 
-    def _sum(self, keep) -> Stats:
+    def _sum(self, keep, graph_ns: int = 0) -> Stats:
         total = [0] * len(ROW)
         for key, counts in self._rows:
             if keep(key):
                 total = list(map(add, total, counts))
-        return Stats.of(total[:-1], total[-1], self.timing)
+        return Stats.of(total[:-1], total[-1] + graph_ns, self.timing)
+
+    def _graph_ns(self, phase: Optional[str]) -> int:
+        """ns of the compiled graphs' runs in ``phase`` (all phases: None)."""
+        runs = self.module_facts.graph_runs.values()
+        return sum((forward if phase in (None, FORWARD) else 0) +
+                   (backward if phase in (None, BACKWARD) else 0)
+                   for _, forward, backward in runs)
 
     @property
     def total(self) -> Stats:
         """Everything counted, all phases."""
-        return self._cached("total", lambda: self._sum(lambda key: True))
+        return self._cached("total", lambda: self._sum(lambda key: True, self._graph_ns(None)))
 
     def by_phase(self) -> dict[str, Stats]:
         """``{phase: Stats}`` for every phase of ``PHASES``."""
         return dict(self._cached("phases", lambda: {
-            p: self._sum(lambda key, p=p: key[1] == p) for p in PHASES}))
+            p: self._sum(lambda key, p=p: key[1] == p, self._graph_ns(p)) for p in PHASES}))
+
+    @property
+    def in_graphs(self) -> tuple:
+        """Names of the modules whose forward ran inside a compiled graph (``torch.compile``):
+        their counts are exact, but they have no time of their own (``latency_s`` is None):
+        the graph runs fused kernels and is timed whole, in the time of the module that ran
+        it (see ``graph_runs``)."""
+        return self.module_facts.in_graphs
+
+    @property
+    def graph_runs(self) -> dict:
+        """``{stack of the module that ran them: (runs, forward s, backward s)}`` of the
+        compiled graphs run (seconds None without timing)."""
+        timed = self.timing
+        return {stack: (runs, forward / 1e9 if timed else None,
+                        backward / 1e9 if timed else None)
+                for stack, (runs, forward, backward) in self.module_facts.graph_runs.items()}
 
     def model_flops(self) -> int:
         """Forward + backward flops: what the model needs, recompute and optimizer not
@@ -341,6 +371,19 @@ class Profile(TorchCompat):
                 _accumulate(operators.setdefault(name, {}), operator, counts)
                 if p == FORWARD:
                     forward_ns[name] = forward_ns.get(name, 0) + counts[-1]
+        if timed:
+            # a compiled graph's runs are timed whole: their time is the time of the module
+            # that ran them (and its callers), as an op's would be
+            for stack, (_, forward, backward) in facts.graph_runs.items():
+                ns = (forward if phase in (None, FORWARD) else 0) + \
+                    (backward if phase in (None, BACKWARD) else 0)
+                if not ns:
+                    continue
+                _accumulate(exclusive, stack[-1], (0,) * (len(ROW) - 1) + (ns,))
+                for name in credited(stack, calls):
+                    _accumulate(inclusive, name, (0,) * (len(ROW) - 1) + (ns,))
+                    if phase in (None, FORWARD):
+                        forward_ns[name] = forward_ns.get(name, 0) + forward
         if timed and phase in (None, FORWARD):
             # a called module's forward latency is its call spans, hook to hook (what its
             # caller waits for, Python between its ops included); backward stays the sum of
@@ -362,17 +405,19 @@ class Profile(TorchCompat):
         order = {name: i for i, name in enumerate(facts.names)}
         zero = (0,) * len(ROW)
 
-        def stats(counts) -> Stats:
-            return Stats.of(counts[:-1], counts[-1], timed)
+        def stats(counts, has_time=timed) -> Stats:
+            return Stats.of(counts[:-1], counts[-1], has_time)
 
         with_saved = self.saved_activations
+        # a module run inside a compiled graph has no time of its own (None, not a zero)
+        in_graphs = set(facts.in_graphs)
         return {
             name: ModuleStats(
                 name=name,
                 calls=calls.get(name, 0),
                 params=params.get(name, 0),
-                inclusive=stats(inclusive.get(name, zero)),
-                exclusive=stats(exclusive.get(name, zero)),
+                inclusive=stats(inclusive.get(name, zero), timed and name not in in_graphs),
+                exclusive=stats(exclusive.get(name, zero), timed and name not in in_graphs),
                 by_operator=frozen_mapping({op: stats(c)
                                             for op, c in operators.get(name, {}).items()}),
                 saved_bytes=saved.get(name, 0) if with_saved else None,
@@ -612,6 +657,10 @@ class Profile(TorchCompat):
                 for name, kind, n in zip(facts.names, facts.types, facts.params)
             ],
             "saved": [{"stack": list(stack), "bytes": n} for stack, n in facts.saved.items()],
+            "graph_runs": [{"stack": list(stack), "runs": runs, "forward_ns": forward,
+                            "backward_ns": backward}
+                           for stack, (runs, forward, backward) in facts.graph_runs.items()],
+            "in_graphs": list(facts.in_graphs),
             "total": self.total.to_dict(),
             "by_phase": {p: s.to_dict() for p, s in self.by_phase().items()},
             "model_flops": self.model_flops(),
@@ -661,6 +710,9 @@ class Profile(TorchCompat):
             spans={m["name"]: m["forward_span_ns"] for m in modules
                    if m.get("forward_span_ns") is not None},
             saved={tuple(s["stack"]): s["bytes"] for s in data.get("saved", [])},
+            graph_runs={tuple(g["stack"]): (g["runs"], g["forward_ns"], g["backward_ns"])
+                        for g in data.get("graph_runs", [])},
+            in_graphs=tuple(data.get("in_graphs", [])),
         )
         rows: dict[tuple, list] = {}
         for r in data["records"]:
@@ -726,6 +778,7 @@ class Profile(TorchCompat):
         calls: dict[str, int] = {}
         spans: dict[str, int] = {}
         saved: dict[tuple, int] = {}
+        graph_runs: dict[tuple, list] = {}
         for p in profiles:
             for key, counts in p._rows:
                 _accumulate(rows, key, counts)
@@ -733,6 +786,9 @@ class Profile(TorchCompat):
                                 (saved, p.module_facts.saved)):
                 for k, v in facts.items():
                     into[k] = into.get(k, 0) + v
+            for stack, times in p.module_facts.graph_runs.items():
+                _accumulate(graph_runs, stack, times)
+        in_graphs = {n for p in profiles for n in p.module_facts.in_graphs}
         walls = [p.wall_s for p in profiles]
         errors = tuple(dict.fromkeys(e for p in profiles for e in p.run.pricing_errors))
         logical: dict[tuple, list] = {}
@@ -743,7 +799,9 @@ class Profile(TorchCompat):
                       wall_s=None if None in walls else sum(walls),
                       repeats=min(p.repeats for p in profiles), pricing_errors=errors,
                       dtensor_ops=tuple(k + tuple(v) for k, v in logical.items()))
-        facts = replace(first.module_facts, calls=calls, spans=spans, saved=saved)
+        facts = replace(first.module_facts, calls=calls, spans=spans, saved=saved,
+                        graph_runs={k: tuple(v) for k, v in graph_runs.items()},
+                        in_graphs=tuple(n for n in first.module_facts.names if n in in_graphs))
         parts = tuple(q for p in profiles for q in (p.parts or (p,)))
         return cls([(k, tuple(v)) for k, v in rows.items()], facts, run, parts=parts)
 
@@ -760,7 +818,9 @@ class Profile(TorchCompat):
         facts = replace(self.module_facts,
                         calls={k: mean(v) for k, v in self.module_facts.calls.items()},
                         spans={k: mean(v) for k, v in self.module_facts.spans.items()},
-                        saved={k: mean(v) for k, v in self.module_facts.saved.items()})
+                        saved={k: mean(v) for k, v in self.module_facts.saved.items()},
+                        graph_runs={k: tuple(map(mean, v))
+                                     for k, v in self.module_facts.graph_runs.items()})
         run = replace(self.run, steps=1,
                       wall_s=None if self.wall_s is None else self.wall_s / n)
         rows = [(key, tuple(mean(v) for v in counts)) for key, counts in self._rows]
@@ -776,10 +836,15 @@ class Profile(TorchCompat):
                 for i, (key, counts) in enumerate(self._rows)]
         spans = {name: statistics.median_low([r.module_facts.spans.get(name, 0) for r in alike])
                  for name in self.module_facts.spans}
+        graph_runs = {stack: (runs,) + tuple(
+            statistics.median_low([r.module_facts.graph_runs.get(stack, (0, 0, 0))[i]
+                                   for r in alike]) for i in (1, 2))
+            for stack, (runs, *_) in self.module_facts.graph_runs.items()}
         walls = [r.wall_s for r in alike if r.wall_s is not None]
         run = replace(self.run, repeats=len(alike),
                       wall_s=statistics.median_low(walls) if walls else self.wall_s)
-        return Profile(rows, replace(self.module_facts, spans=spans), run, trace=self._trace)
+        return Profile(rows, replace(self.module_facts, spans=spans, graph_runs=graph_runs), run,
+                       trace=self._trace)
 
 
 def since(later: Profile, earlier: Profile) -> Profile:
@@ -798,7 +863,11 @@ def since(later: Profile, earlier: Profile) -> Profile:
     facts = replace(later.module_facts,
                     calls=minus(later.module_facts.calls, earlier.module_facts.calls),
                     spans=minus(later.module_facts.spans, earlier.module_facts.spans),
-                    saved=minus(later.module_facts.saved, earlier.module_facts.saved))
+                    saved=minus(later.module_facts.saved, earlier.module_facts.saved),
+                    graph_runs={k: tuple(a - b for a, b in zip(
+                        v, earlier.module_facts.graph_runs.get(k, (0, 0, 0))))
+                        for k, v in later.module_facts.graph_runs.items()
+                        if v != earlier.module_facts.graph_runs.get(k)})
     return Profile([(k, tuple(v)) for k, v in rows.items() if any(v)], facts, later.run)
 
 

@@ -26,6 +26,7 @@ from ._results import (BACKWARD, COMMUNICATION, ESTIMATED, EXACT, FORWARD, NO_AR
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
 NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)
+IN_GRAPH = "in graph"  # the time cells of a module run inside a compiled graph: it has none
 
 _PHASE_HEADERS = {FORWARD: ("Fwd FLOPs", "Fwd"), BACKWARD: ("Bwd FLOPs", "Bwd"),
                   OPTIMIZER: ("Opt FLOPs", "Opt"), RECOMPUTE: ("Recompute FLOPs", "Recomp"),
@@ -47,6 +48,7 @@ class _Run:
     total: int
     root_time: Optional[float]
     spread: dict  # name -> {figure: (min, mean, max) over ranks}, with ranks=True; else {}
+    in_graphs: frozenset = frozenset()  # modules run inside a compiled graph (no own time)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,14 @@ def _phase_column(phase: str, priority: int) -> Column:
 
 def _latency(m) -> float:
     return m.latency_s or 0.0
+
+
+def _timed(cell: Callable) -> Callable:
+    """A time cell, or ``IN_GRAPH`` for a module whose forward ran inside a compiled graph
+    (fused kernels: it has no time of its own, and a zero would be a wrong figure)."""
+    def timed_cell(run, name, m):
+        return IN_GRAPH if name in run.in_graphs else cell(run, name, m)
+    return timed_cell
 
 
 COLUMNS: tuple = (
@@ -106,13 +116,14 @@ COLUMNS: tuple = (
     Column("comm_max", "Comm max", "Cmax", 7,
            lambda run, name, m: human(run.spread[name]["comm_bytes"][2], "B"),
            lambda run: run.spread and run.profile.total.comm_bytes > 0),
-    Column("latency", "Latency", "Time", 3, lambda run, name, m: duration(_latency(m)),
+    Column("latency", "Latency", "Time", 3, _timed(lambda run, name, m: duration(_latency(m))),
            lambda run: run.profile.timing),
     Column("percent_time", "% Time", "%Time", 4,
-           lambda run, name, m: _percent(_latency(m), run.root_time),
+           _timed(lambda run, name, m: _percent(_latency(m), run.root_time)),
            lambda run: run.profile.timing),
     Column("achieved", "FLOPS", "FLOP/s", 13,
-           lambda run, name, m: human(m.flops / _latency(m), "FLOPS") if _latency(m) else "-",
+           _timed(lambda run, name, m: human(m.flops / _latency(m), "FLOPS")
+                  if _latency(m) else "-"),
            lambda run: run.profile.timing),
     Column("latency_min", "Latency min", "Tmin", 6,
            lambda run, name, m: duration(run.spread[name]["latency_s"][0]),
@@ -185,7 +196,7 @@ def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = 
     run = _Run(counter, modules, {p: counter.by_module(phase=p) for p in shown_phases},
                counter.module_types(), counter.total.flops,
                modules[ROOT].latency_s if counter.timing and ROOT in modules else None,
-               counter.imbalance() if ranks else {})
+               counter.imbalance() if ranks else {}, frozenset(counter.in_graphs))
     available = [c for c in COLUMNS if c.applies(run)]
     if columns is not None:
         chosen = _chosen(columns, available, run)
@@ -288,6 +299,19 @@ def _footer(counter, by_phase, names: list, modules: dict) -> list:
     if by_phase[OTHER].calls:
         lines.append("Other: ops run while none of the model's modules ran (a loss after the "
                      "model, gradient clipping) and their backward")
+    graph_runs = counter.graph_runs
+    if graph_runs:
+        runs = sum(r for r, _, _ in graph_runs.values())
+        line = f"Compiled graphs (torch.compile): {runs} run{'s' if runs != 1 else ''}"
+        if counter.timing:
+            forward = sum(f for _, f, _ in graph_runs.values())
+            backward = sum(b for _, _, b in graph_runs.values())
+            line += (f", timed whole: forward {duration(forward)}, backward "
+                     f"{duration(backward)}, in the time of the module that ran them")
+            if any(n in names for n in counter.in_graphs):
+                line += (f"; Time {IN_GRAPH}: the module ran inside a compiled graph, whose "
+                         "fused kernels have no per-module time (its counts are exact)")
+        lines.append(line)
     if counter.timing:
         top = counter.top_ops_by_time(5)
         listed = ", ".join(f"{op} {duration(stats.latency_s or 0.0)}" for op, stats in top)

@@ -202,10 +202,12 @@ class FlopCounter:
             self._timer.resolve()
         calls = tracker.call_counts()
         types, params = tracker.types_and_params()
+        graph_runs, in_graphs = _compiled.graph_facts(tracker)
         facts = ModuleFacts(
             names=tracker.names(), types=types, params=params,
             calls=calls, spans=tracker.spans(calls) if self.timing else {},
-            saved=tracker.saved() if self.saved_activations else {})
+            saved=tracker.saved() if self.saved_activations else {},
+            graph_runs=graph_runs, in_graphs=in_graphs)
         counts = Captured(tracker.ledger, self._mode.resolved)
         return counts, facts, self._run_facts(pricing_errors=counts.errors,
                                               dtensor_ops=self._mode.logical_ops())

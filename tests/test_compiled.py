@@ -16,8 +16,10 @@ from dispatch_flops._compiled import has_ignore_compile_internals
 
 from helpers import tiny_gpt, tiny_ids
 
-pytestmark = pytest.mark.skipif(not has_ignore_compile_internals(),
-                                reason="torch without ignore_compile_internals")
+# torch >= 2.9: compiled code runs under the counter (counted through its graphs); older torch
+# runs the counted step eagerly, and only test_stays_compiled_after_counting applies there
+runs_compiled = pytest.mark.skipif(not has_ignore_compile_internals(),
+                                   reason="torch without ignore_compile_internals")
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +74,7 @@ class OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@runs_compiled
 def test_compiled_gpt_counts_as_eager_per_module_and_stays_compiled():
     """A tiny GPT compiled by inductor and counted on its first call (fwd + bwd): every
     module's MACs, flops and bytes equal eager's, under the user's names; it compiled once,
@@ -96,6 +99,7 @@ def test_compiled_gpt_counts_as_eager_per_module_and_stays_compiled():
     assert dict(counters["frames"]) == frames  # nothing compiled again, nothing skipped
 
 
+@runs_compiled
 def test_inference_counts_forward_only():
     """A compiled model run under no_grad counts its forward, as eager does."""
     model, idx = tiny_gpt(), tiny_ids()
@@ -118,6 +122,7 @@ class Broken(nn.Module):
         return self.b(y).tanh()
 
 
+@runs_compiled
 def test_graph_breaks_count_each_graph_once():
     """A model with a graph break is two compiled graphs and eager code between: counted
     once each, equal to eager."""
@@ -133,6 +138,7 @@ def test_graph_breaks_count_each_graph_once():
     assert fc2.total == fc.total
 
 
+@runs_compiled
 def test_recompiles_for_new_shapes_count_each_shape():
     """A new batch size recompiles (dynamic): each call counts what eager counts for its own
     shapes, on the static graph and on the dynamic one alike."""
@@ -146,6 +152,7 @@ def test_recompiles_for_new_shapes_count_each_shape():
     assert counters["stats"]["unique_graphs"] == 2  # static for 2, dynamic from 3 on
 
 
+@runs_compiled
 def test_compiled_child_keeps_the_users_names():
     """A submodule compiled in place (``model.block = torch.compile(block)``) is named as the
     user named it, never ``block._orig_mod``."""
@@ -158,6 +165,7 @@ def test_compiled_child_keeps_the_users_names():
     assert "1.0" in fc.by_module() and not any("_orig_mod" in n for n in fc.by_module())
 
 
+@runs_compiled
 def test_fullgraph_and_reduce_overhead():
     """``fullgraph=True`` counts as eager, and fails with dynamo's own error on a graph
     break; ``mode="reduce-overhead"`` counts as eager (cudagraphs only apply on CUDA)."""
@@ -172,6 +180,7 @@ def test_fullgraph_and_reduce_overhead():
         counted(torch.compile(Broken(), fullgraph=True), torch.randn(4, 8))
 
 
+@runs_compiled
 def test_graphs_outside_a_counter_cost_one_call():
     """Outside a counter a compiled graph runs as the backend returned it; the counter leaves
     no hook, callback or graph state behind."""
@@ -187,3 +196,147 @@ def test_graphs_outside_a_counter_cost_one_call():
     assert not torch.nn.modules.module._global_forward_pre_hooks
     from dispatch_flops import _compiled
     assert not _compiled.ACTIVE
+
+
+@runs_compiled
+def test_graphs_run_with_no_counting_mode_and_other_modes_kept(monkeypatch):
+    """While a counted graph runs, forward and compiled backward, the counting modes are off
+    the dispatch stack (its extern kernels are priced already, never dispatched to Python
+    twice): matmuls never reach the counting mode, yet counts equal eager's. A user's mode
+    below the counter and one above it keep seeing those kernels, and the stack is the same
+    after the step (and after a graph that raises)."""
+    from dispatch_flops import _mode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    x = torch.randn(4, 8)
+    eager = counted(copy.deepcopy(model), x)
+    compiled = torch.compile(model)
+    counted(compiled, x, counter_model=model)  # compiled, and priced (on fake tensors)
+
+    seen = []
+    original = _mode.CountingMode.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        seen.append(str(func.overloadpacket))
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_mode.CountingMode, "__torch_dispatch__", spy)
+    below, above = OpLog(), OpLog()
+    model.zero_grad(set_to_none=True)
+    with below:
+        with FlopCounter(model) as fc:
+            with above:
+                stack = _get_current_dispatch_mode_stack()
+                compiled(x).sum().backward()
+                assert _get_current_dispatch_mode_stack() == stack
+    assert_same_counts(fc, eager)
+    assert seen and not {"aten.mm", "aten.addmm"} & set(seen)
+    for log in (below, above):
+        assert {"aten.mm", "aten.addmm"} <= log.ops
+
+    with FlopCounter(model):
+        with above:
+            stack = _get_current_dispatch_mode_stack()
+            with pytest.raises(RuntimeError):
+                compiled(torch.randn(4, 9))  # a shape mismatch inside the compiled code
+            assert _get_current_dispatch_mode_stack() == stack
+
+
+def timed_compiled_step(compiled, model, x):
+    model.zero_grad(set_to_none=True)
+    with FlopCounter(model, timing=True) as fc:
+        compiled(x).sum().backward()
+    return fc.to_profile()
+
+
+@runs_compiled
+def test_graph_runs_are_timed_whole_and_fused_modules_have_no_time():
+    """With timing on (host clock on the CPU), each compiled graph run is timed whole, forward
+    and backward, in the time of the module that ran it (the root here) and in the totals;
+    the modules inside the graph have no time of their own: ``latency_s`` None, and the table
+    says ``in graph`` instead of a zero. Runs add up over merged steps and survive JSON."""
+    from dispatch_flops import Profile
+    from dispatch_flops._report import IN_GRAPH
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Sequential(nn.Linear(32, 8)))
+    x = torch.randn(4, 8)
+    compiled = torch.compile(model)
+    timed_compiled_step(compiled, model, x)  # compiles and prices
+    profile = timed_compiled_step(compiled, model, x)
+    (stack, (runs, forward, backward)), = profile.graph_runs.items()
+    assert stack == ("",) and runs == 1 and forward > 0 and backward > 0
+    assert profile.in_graphs == ("0", "1", "2", "2.0")
+    modules = profile.by_module()
+    assert modules[""].latency_s >= forward + backward
+    assert profile.total.latency_s >= forward + backward
+    assert profile.by_phase()["backward"].latency_s >= backward
+    for name in profile.in_graphs:
+        assert modules[name].latency_s is None and modules[name].flops > 0
+    table = profile.table(columns=["flops", "latency"])
+    rows = {line.split()[0]: line for line in table.splitlines()[2:7]}
+    for name in ("0", "1", "2"):
+        assert rows[name].rstrip().endswith(IN_GRAPH), rows[name]
+    assert "0 s" not in table.split("Coverage")[0]
+    assert "Compiled graphs (torch.compile): 1 run, timed whole" in " ".join(table.split())
+    merged = Profile.merge([profile, profile])
+    assert merged.graph_runs[("",)][0] == 2 and merged.in_graphs == profile.in_graphs
+    again = Profile.from_dict(profile.to_dict())
+    assert again.graph_runs == profile.graph_runs and again.in_graphs == profile.in_graphs
+
+    eager = timed_compiled_step(model, model, x)  # the same model run eagerly: times its own
+    assert not eager.graph_runs and not eager.in_graphs
+    assert eager.by_module()["0"].latency_s > 0 and IN_GRAPH not in eager.table()
+
+
+@runs_compiled
+def test_graph_runs_are_timed_by_cuda_events(monkeypatch):
+    """On CUDA a graph run is bracketed by the timer's marks (events on the device's current
+    stream), not the host clock: with the fake CUDA (one tick per event recorded, nothing
+    recorded inside the graph) each of its forward and backward runs takes one tick."""
+    from fake_cuda import TICK_NS, FakeCuda
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    x = torch.randn(4, 8)
+    compiled = torch.compile(model)
+    timed_compiled_step(compiled, model, x)  # compiled and priced on the real (CPU) torch
+    fake = FakeCuda().install(monkeypatch)
+    profile = timed_compiled_step(compiled, model, x)
+    assert profile.graph_runs == {("",): (1, TICK_NS / 1e9, TICK_NS / 1e9)}
+    assert fake.records_on(0) > 0
+
+
+def test_stays_compiled_after_counting():
+    """On every torch: a compiled model counted on its first call, or on a later one, runs
+    its compiled graph on every call after the counted step (a backend that notes its runs
+    says so), with no recompile; the counted step counts what eager counts."""
+    from torch._inductor.compile_fx import compile_fx
+
+    runs = []
+
+    def backend(gm, example_inputs):
+        compiled = compile_fx(gm, example_inputs)
+
+        def run(*args):
+            runs.append(1)
+            return compiled(*args)
+        return run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    x = torch.randn(4, 8)
+    eager = counted(copy.deepcopy(model), x)
+    for counted_first in (True, False):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=backend)
+        if not counted_first:
+            compiled(x).sum().backward()
+        assert_same_counts(counted(compiled, x), eager)
+        before, frames = len(runs), dict(counters["frames"])
+        for _ in range(2):
+            compiled(x).sum().backward()
+        assert len(runs) == before + 2, counted_first
+        assert dict(counters["frames"]) == frames or not frames  # compiled once, at most
