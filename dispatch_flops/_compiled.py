@@ -20,8 +20,8 @@ back when the last counter leaves, so the compiled code (never dropped) runs aga
 package does not import on 2.5.1).
 
 **Count what compiled code runs.** Every graph dynamo hands to a backend (inductor or any
-other) is wrapped in a ``Graph`` (``install``, once, when this package is imported: graphs
-compiled earlier are not seen). Outside a counter a graph call costs one Python call more.
+other) is wrapped in a ``Graph`` (``install``, once, when this package and dynamo are both imported:
+graphs compiled earlier are not seen). Outside a counter a graph call costs one Python call more.
 Inside one, the graph's work is priced once per counter's ledger, enclosing frame and input
 shapes: its GraphModule is re-run on fake tensors under the counter's own mode, node by node
 in the frame its ``nn_module_stack`` names (the user's module names: the stack holds the
@@ -47,7 +47,12 @@ modules inside a graph have no time of their own (fused kernels): they are liste
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
+import sys
 import threading
+import warnings
 from operator import itemgetter
 from typing import Optional
 
@@ -66,7 +71,7 @@ _sequence_nr = torch.autograd._get_sequence_nr
 
 # (mode, tracker) of every counter counting now; graphs look here on every run
 ACTIVE: list = []
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # _wrap_compiler may run inside enter's import of dynamo
 
 
 def has_ignore_compile_internals() -> bool:
@@ -546,10 +551,43 @@ def unwrap(module):
 
 # -- installing ---------------------------------------------------------------------------
 _INSTALLED = []
+_DYNAMO = "torch._dynamo"  # the package: imported whole, compilers and callbacks included
 
 
 def install() -> None:
-    """Wrap every graph dynamo compiles from now on in a ``Graph`` (once per process)."""
+    """Wrap every graph dynamo compiles from now on in a ``Graph`` (once per process): at
+    once when dynamo is imported already, else the moment it is (``torch.compile`` imports
+    it), so that importing this package does not import dynamo (seconds, for a process that
+    never compiles) and no graph is compiled unseen."""
+    if _DYNAMO in sys.modules:
+        _wrap_compiler()
+    elif not any(isinstance(f, _DynamoImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DynamoImport())
+
+
+class _DynamoImport(importlib.abc.MetaPathFinder):
+    """Calls ``_wrap_compiler`` right after the ``torch._dynamo`` package is first imported
+    (all of it: no graph can be compiled before), then takes itself off ``sys.meta_path``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _DYNAMO:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            _wrap_compiler()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _wrap_compiler() -> None:
     with _LOCK:
         if _INSTALLED:
             return
@@ -570,6 +608,8 @@ def install() -> None:
         _INSTALLED.append(original)
         if not has_ignore_compile_internals():
             _watch_skips()
+        if ACTIVE:  # dynamo imported inside a counter's block: hide its hooks from now on
+            _register_callbacks()
 
 
 # -- torch < 2.9: the skips dynamo cached while a counter counted, undone -------------------
@@ -655,22 +695,44 @@ def _show_hooks(*_) -> None:
 
 
 def _callbacks():
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:
-        return None
-    return callback_handler
+    """dynamo's compile callbacks, where dynamo is imported (a counter does not import it:
+    ``_wrap_compiler`` registers them if it is imported while a counter counts)."""
+    module = sys.modules.get("torch._dynamo.callback")
+    return getattr(module, "callback_handler", None)
+
+
+def _register_callbacks() -> None:
+    handler = _callbacks()
+    if handler is not None:
+        handler.register_start_callback(_hide_hooks)
+        handler.register_end_callback(_show_hooks)
+
+
+# torch warns at every call of a torch.compile(module) wrapper while global module hooks
+# exist that they fire for the wrapper too: the tracker counts the wrapper and its module as
+# one (``walk_modules``), so the warning is silenced while counters count, and only then
+_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+_FILTERS: list = []  # the filter this package put in ``warnings.filters``, while it is there
 
 
 def enter(mode, tracker) -> None:
     """A counter starts: its graphs count, its hooks are hidden from compiles."""
     with _LOCK:
         if not ACTIVE:
-            handler = _callbacks()
-            if handler is not None:
-                handler.register_start_callback(_hide_hooks)
-                handler.register_end_callback(_show_hooks)
+            _register_callbacks()
+            warnings.filterwarnings("ignore", _HOOKS_WARNING, UserWarning)
+            _FILTERS.append(warnings.filters[0])
         ACTIVE.append((mode, tracker))
+
+
+def _unfilter() -> None:
+    """Take this package's filter out of ``warnings.filters`` (the user's filters, added
+    meanwhile or not, are left as they are)."""
+    while _FILTERS:
+        entry = _FILTERS.pop()
+        with contextlib.suppress(ValueError):
+            warnings.filters.remove(entry)
+            getattr(warnings, "_filters_mutated", lambda: None)()  # the filters' cache
 
 
 def leave(mode) -> None:
@@ -678,6 +740,7 @@ def leave(mode) -> None:
         ACTIVE[:] = [(m, t) for m, t in ACTIVE if m is not mode]
         if not ACTIVE:
             _restore_skipped()
+            _unfilter()
             handler = _callbacks()
             if handler is not None:
                 for remove, fn in ((handler.remove_start_callback, _hide_hooks),
