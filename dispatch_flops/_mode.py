@@ -90,6 +90,8 @@ _STRIDED = object()
 def _tensor_key(t: Tensor) -> tuple:
     if t.is_contiguous():
         return (t.shape, t.dtype)
+    if t.is_sparse:  # would key as a dense tensor of strides 0 (see __torch_dispatch__)
+        raise _EXOTIC
     return (t.shape, t.dtype, _STRIDED, t.stride())
 
 
@@ -99,6 +101,7 @@ def _tensor_key(t: Tensor) -> tuple:
 # signature each step (the formula contract in formulas/_registry.py says so).
 _TOLD_APART = frozenset((0.0, 1.0, 2.0, -1.0, float("inf"), float("-inf")))
 _FLOAT = object()
+_KWARGS = object()  # in a signature: the keyword arguments follow
 
 
 def _key(v):
@@ -692,11 +695,11 @@ class CountingMode(TorchDispatchMode):
                 sig = [key]
                 for a in args:
                     if isinstance(a, Tensor):
-                        if a.is_sparse:
-                            raise _EXOTIC
                         sig.append(a.shape)
                         sig.append(a.dtype)
-                        if not a.is_contiguous():
+                        if not a.is_contiguous():  # a sparse COO tensor never is
+                            if a.is_sparse:
+                                raise _EXOTIC
                             sig.append(_STRIDED)
                             sig.append(a.stride())
                     elif a.__class__ is list or a.__class__ is tuple:
@@ -705,8 +708,14 @@ class CountingMode(TorchDispatchMode):
                         sig.append(_FLOAT)
                     else:
                         sig.append(a)
-                if kwargs:
-                    sig.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
+                if kwargs:  # after a marker no argument can be: names and keys in a row
+                    sig.append(_KWARGS)
+                    for k, v in kwargs.items():
+                        sig.append(k)
+                        if v.__class__ is float:  # the optimizers' alpha=, value=
+                            sig.append(v if v in _TOLD_APART else _FLOAT)
+                        else:
+                            sig.append(_key(v))
                 if resolved.out_in_signature:  # see _Resolved.signed
                     sig = resolved.signed(sig, resolved, args, out)
                 elif isinstance(out, Tensor):  # a scalar's type or the default dtype sets it

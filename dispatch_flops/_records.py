@@ -170,7 +170,7 @@ class Layout:
 
     __slots__ = ("n", "keys", "row_of", "units", "errors", "memo")
 
-    def __init__(self, ledger, resolutions: dict):
+    def __init__(self, ledger, resolutions: dict, timed: bool = True):
         records = ledger.records
         self.n = len(records)
         index = {id(rec): i for i, rec in enumerate(records)}
@@ -229,14 +229,15 @@ class Captured:
 
     __slots__ = ("layout", "calls", "ns")
 
-    def __init__(self, ledger, resolutions: dict):
+    def __init__(self, ledger, resolutions: dict, timed: bool = True):
         records = ledger.records
         layout = ledger.layout
         if layout is None or layout.n != len(records):
             layout = ledger.layout = Layout(ledger, resolutions)
         self.layout = layout
         self.calls = list(map(_calls, records))
-        self.ns = list(map(_ns, records))
+        # untimed, no record holds a time: no second pass over them
+        self.ns = list(map(_ns, records)) if timed else [0] * len(records)
 
     @property
     def errors(self) -> tuple:

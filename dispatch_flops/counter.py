@@ -174,9 +174,15 @@ class FlopCounter:
         return sorted(d for d in devices if d >= 0)
 
     def _on_meta(self) -> bool:
-        """Whether the model lives on the meta device (shape-only counting: see _meta)."""
-        for p in self.model.parameters() if self.model is not None else ():
-            return p.is_meta
+        """Whether the model lives on the meta device (shape-only counting: see _meta): its
+        first parameter is there (found without ``parameters()``'s walk of every module)."""
+        todo = [self.model] if self.model is not None else []
+        while todo:
+            module = todo.pop()
+            for p in module._parameters.values():
+                if p is not None:
+                    return p.is_meta
+            todo.extend(reversed([m for m in module._modules.values() if m is not None]))
         return False
 
     # -- the result -----------------------------------------------------------------------
@@ -208,7 +214,7 @@ class FlopCounter:
             calls=calls, spans=tracker.spans(calls) if self.timing else {},
             saved=tracker.saved() if self.saved_activations else {},
             graph_runs=graph_runs, in_graphs=in_graphs)
-        counts = Captured(tracker.ledger, self._mode.resolved)
+        counts = Captured(tracker.ledger, self._mode.resolved, self._timer is not None)
         return counts, facts, self._run_facts(pricing_errors=counts.errors,
                                               dtensor_ops=self._mode.logical_ops())
 
