@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                     "built-in GPT demo, forward + backward.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", metavar="MODULE:FACTORY",
-                        help="a factory returning the model, e.g. torchvision.models:resnet18 "
+                        help="a factory returning the model, e.g. dispatch_flops.models:GPT "
                              "or path/to/file.py:build")
     parser.add_argument("--input-shape", type=_shape, action="append", metavar="N,C,...",
                         help="shape of one input (repeat for several inputs)")
@@ -153,7 +153,7 @@ def _device(parser, text: str) -> torch.device:
 def _factory(parser, spec: str) -> Callable:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        parser.error(f"model {spec!r} is not MODULE:FACTORY (e.g. torchvision.models:resnet18 "
+        parser.error(f"model {spec!r} is not MODULE:FACTORY (e.g. dispatch_flops.models:GPT "
                      "or my_models.py:build)")
     try:
         if module_name.endswith(".py") or os.sep in module_name:

@@ -484,7 +484,8 @@ class CountingMode(TorchDispatchMode):
         self.tracker = tracker
         self._boundary_seqs = tracker.boundary_seqs  # the tracker appends; we only bisect
         self._boundary_frames = tracker.boundary_frames
-        self._last: tuple = (-1, {})  # (sequence number, accumulator) of the last node seen
+        # (node, accumulator, sequence number) of the last autograd node seen
+        self._last: tuple = (None, None, -1)
         self._book = tracker.ledger.records  # every record made goes here too (see Ledger)
 
     def _recompute_acc(self, hook, seq: int) -> dict:
@@ -660,21 +661,22 @@ class CountingMode(TorchDispatchMode):
         if node is None or self.recomputing:  # recompute: the tracker points forward_acc
             acc = self.forward_acc
         else:
-            # the frame entered last before the node was created; AccumulateGrad nodes all
-            # carry the same sequence number and go to their parameter's module instead
-            seq = node._sequence_nr()
-            if seq == _ACCUMULATE_GRAD_SEQ:  # saves nothing, so never re-runs forward
-                acc = self.tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
+            last = self._last  # one read: device threads never see half an update
+            if node is last[0]:  # a node runs several ops in a row (the same object while
+                acc, seq = last[1], last[2]  # it lives: _last keeps it alive)
             else:
-                last = self._last  # one read: device threads never see half an update
-                if seq == last[0]:  # a node runs several ops in a row
-                    acc = last[1]
+                # the frame entered last before the node was created; AccumulateGrad nodes
+                # all carry the same sequence number and go to their parameter's module
+                seq = node._sequence_nr()
+                if seq == _ACCUMULATE_GRAD_SEQ:
+                    acc = self.tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
                 else:
                     frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
                     # reentrant checkpointing re-runs forward inside its own node's backward:
                     # the node's ops are recompute, in the frame where checkpoint was called
                     acc = frame.acc[_REENTRANT_I if node.name() == _REENTRANT else _BACKWARD_I]
-                    self._last = (seq, acc)
+                self._last = (node, acc, seq)
+            if seq != _ACCUMULATE_GRAD_SEQ:  # AccumulateGrad saves nothing: never re-runs
                 hooks = _top_saved_tensors_hooks(False)
                 if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
                     acc = self._recompute_acc(hooks[0], seq)

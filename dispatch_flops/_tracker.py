@@ -373,6 +373,7 @@ class ModuleTracker:
             self.ledger.retire()
             return
         self.mode.tracker = None  # no cycle left for the garbage collector to find
+        self.mode._last = (None, None, -1)  # nor the last autograd node kept alive
         if self.shared:
             self.ledger.reset()
             self.ledger.busy = False
