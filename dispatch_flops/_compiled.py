@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.util
+import re
 import sys
 import threading
 import warnings
@@ -610,6 +611,7 @@ def _wrap_compiler() -> None:
             _watch_skips()
         if ACTIVE:  # dynamo imported inside a counter's block: hide its hooks from now on
             _register_callbacks()
+            _filter()
 
 
 # -- torch < 2.9: the skips dynamo cached while a counter counted, undone -------------------
@@ -710,19 +712,18 @@ def _register_callbacks() -> None:
 
 # torch warns at every call of a torch.compile(module) wrapper while global module hooks
 # exist that they fire for the wrapper too: the tracker counts the wrapper and its module as
-# one (``walk_modules``), so the warning is silenced while counters count, and only then
-_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+# one (``walk_modules``), so the warning is silenced while counters count, and only then (and
+# only with dynamo imported: before, no such wrapper exists)
+_HOOKS_WARNING = ("ignore", re.compile(r"Using `torch.compile\(module\)` when there are global "
+                                       r"hooks", re.I), UserWarning, None, 0)
 _FILTERS: list = []  # the filter this package put in ``warnings.filters``, while it is there
 
 
-def enter(mode, tracker) -> None:
-    """A counter starts: its graphs count, its hooks are hidden from compiles."""
-    with _LOCK:
-        if not ACTIVE:
-            _register_callbacks()
-            warnings.filterwarnings("ignore", _HOOKS_WARNING, UserWarning)
-            _FILTERS.append(warnings.filters[0])
-        ACTIVE.append((mode, tracker))
+def _filter() -> None:
+    if not _FILTERS and _DYNAMO in sys.modules:
+        warnings.filters.insert(0, _HOOKS_WARNING)
+        _FILTERS.append(_HOOKS_WARNING)
+        _filters_mutated()
 
 
 def _unfilter() -> None:
@@ -732,7 +733,20 @@ def _unfilter() -> None:
         entry = _FILTERS.pop()
         with contextlib.suppress(ValueError):
             warnings.filters.remove(entry)
-            getattr(warnings, "_filters_mutated", lambda: None)()  # the filters' cache
+            _filters_mutated()
+
+
+def _filters_mutated() -> None:
+    getattr(warnings, "_filters_mutated", lambda: None)()  # the filters' cache
+
+
+def enter(mode, tracker) -> None:
+    """A counter starts: its graphs count, its hooks are hidden from compiles."""
+    with _LOCK:
+        if not ACTIVE:
+            _register_callbacks()
+            _filter()
+        ACTIVE.append((mode, tracker))
 
 
 def leave(mode) -> None:
