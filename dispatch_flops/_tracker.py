@@ -45,7 +45,11 @@ _getframe = sys._getframe
 _get_ident = threading.get_ident
 _sequence_nr = torch.autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
-top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+# the innermost saved-tensors hooks (pack, unpack), or None; older torch (2.5) cannot tell:
+# there, non-reentrant checkpointing's recomputation counts as backward, and a user's own
+# saved-tensors hooks entered before a counter watching saved activations are not chained
+top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks",
+                                  lambda ignore_is_tensor_wrapper_subclass: None)
 
 # indices into PHASES and into every frame's ``acc``
 FORWARD_I, BACKWARD_I, OPTIMIZER_I, RECOMPUTE_I, OTHER_I = map(

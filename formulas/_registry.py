@@ -127,6 +127,36 @@ class Entry:
 UNSUPPORTED_ENTRY = Entry(Category.UNSUPPORTED)
 
 
+class _Missing(str):
+    """An op this torch does not have, as its qualified name (``"aten::_grouped_mm"``, and
+    ``"aten::_grouped_mm.default"`` for an overload): registered like an op registered later,
+    it is never met, so the library imports on every torch it supports (>= 2.4)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, attr: str) -> "_Missing":
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Missing(f"{self}.{attr}")
+
+
+class namespace:
+    """``torch.ops.<name>`` for the formula modules: an op the running torch lacks reads as
+    a ``_Missing`` name instead of raising ``AttributeError`` at import."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._ops = getattr(torch.ops, name)
+
+    def __getattr__(self, op: str):
+        try:
+            return getattr(self._ops, op)
+        except AttributeError:
+            if op.startswith("__"):
+                raise
+            return _Missing(f"{self._name}::{op}")
+
+
 def _as_op(op) -> OpLike:
     if isinstance(op, str):  # "namespace::name": an op registered later, on import
         if "::" not in op:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import Cost, register_formula
+from ._registry import Cost, namespace, register_formula
 from ._shapes import first_numel, numel
 
-aten = torch.ops.aten
+aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 def _twins(*names: str) -> list:

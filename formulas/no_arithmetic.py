@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import REGISTRY, Movement
+from ._registry import REGISTRY, Movement, namespace
 
-aten = torch.ops.aten
+aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 _LISTED: set = set()

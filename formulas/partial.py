@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import REGISTRY, Cost, Movement, register_formula
+from ._registry import REGISTRY, Cost, Movement, namespace, register_formula
 from ._shapes import numel
 from .indexing import index_add, index_put, indexed_elements, scatter, scatter_reduce
 
-aten = torch.ops.aten
+aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 def _size(dtype) -> int:

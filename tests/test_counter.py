@@ -219,6 +219,27 @@ def test_unknown_op_is_reported_not_zeroed():
     assert has_formula(torch.ops.aten.mm) and has_formula(torch.ops.aten.view.default)
 
 
+def test_an_op_this_torch_lacks_is_a_name_that_is_never_met():
+    """Formula modules read ops through ``namespace``: one the running torch lacks (a newer
+    op on an older torch) is its qualified name, one per overload, so registering it does
+    not raise at import and prices nothing; ops torch has are the ops themselves."""
+    from dispatch_flops.formulas._registry import namespace
+
+    aten = namespace("aten")
+    assert aten.mm is torch.ops.aten.mm and aten.mm.default is torch.ops.aten.mm.default
+    default, out = aten.no_such_op_in_torch.default, aten.no_such_op_in_torch.out
+    assert (default, out) == ("aten::no_such_op_in_torch.default", "aten::no_such_op_in_torch.out")
+    reg = Registry()
+    reg.formula([default, out])(lambda *a, out_shape, **k: Cost(5))  # two names: no clash
+    reg.formula(aten.sin)(lambda *a, out_shape, **k: Cost(1))
+    x = torch.randn(3)
+    with FlopCounter(registry=reg) as fc:
+        x.sin()
+    assert fc.total.flops == 1 and not fc.unsupported_ops()
+    with pytest.raises(AttributeError):
+        aten.__no_such_dunder__
+
+
 def test_registry_duplicates_and_overrides():
     """Registering twice raises unless override=True; an overload override wins its packet."""
     reg = Registry()
