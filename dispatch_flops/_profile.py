@@ -461,10 +461,11 @@ class Profile(TorchCompat):
                              f"timing=True) or dispatch_flops.profile(...)")
 
     def top_ops_by_time(self, k: int = 10) -> list[tuple[str, Stats]]:
-        """The ``k`` operators that took the most time, longest first."""
+        """The ``k`` operators that took the most time, longest first; operators with no time
+        of their own (run only inside compiled graphs, timed whole) are left out."""
         self._require_timing("top_ops_by_time")
-        ops = sorted(self.by_operator().items(), key=lambda item: -(item[1].latency_s or 0))
-        return ops[:k]
+        timed = [item for item in self.by_operator().items() if item[1].latency_s]
+        return sorted(timed, key=lambda item: -item[1].latency_s)[:k]
 
     def top_modules_by_time(self, k: int = 10, *, inclusive: bool = False
                             ) -> list[tuple[str, ModuleStats]]:

@@ -281,6 +281,10 @@ def test_graph_runs_are_timed_whole_and_fused_modules_have_no_time():
         assert rows[name].rstrip().endswith(IN_GRAPH), rows[name]
     assert "0 s" not in table.split("Coverage")[0]
     assert "Compiled graphs (torch.compile): 1 run, timed whole" in " ".join(table.split())
+    # ops that ran only inside the graph have no time of their own: not among the top ones
+    top = dict(profile.top_ops_by_time(50))
+    assert top and all(stats.latency_s > 0 for stats in top.values())
+    assert "aten.addmm" in profile.by_operator() and "aten.addmm" not in top
     merged = Profile.merge([profile, profile])
     assert merged.graph_runs[("",)][0] == 2 and merged.in_graphs == profile.in_graphs
     again = Profile.from_dict(profile.to_dict())
