@@ -313,6 +313,8 @@ class ModuleTracker:
         self.boundary_seqs: list[int] = [-1]
         self.boundary_frames: list[Frame] = [self.root]
         self.root_calls = 0
+        self._root_again = 0  # root calls running inside a root call (see _push)
+        self._wrappers: list = []  # torch.compile wrappers of the model (see _wraps_model)
         self._modules: list[nn.Module] = []
         self._name_of: dict[int, str] = {}
         self._param_owner: Optional[dict[int, str]] = None
@@ -425,9 +427,12 @@ class ModuleTracker:
     def _push(self, module, args) -> None:
         name = self._name_of.get(id(module))
         if name is None:  # not one of the model's modules: ops stay with the enclosing one
-            if not self.every_module:
+            if self._wraps_model(module):
+                name = ROOT
+            elif not self.every_module:
                 return
-            name = self._discover(module)
+            else:
+                name = self._discover(module)
         caller = _getframe(1)
         if (_get_ident() != self.thread or self.guard is not None) and not self.sees(caller):
             return
@@ -441,6 +446,13 @@ class ModuleTracker:
         if not calls and self.current is not self.root:  # the model starts running
             self._enter(self.root)
         if name == ROOT:
+            if not calls:
+                self._root_again = 0  # none left over from a call an interrupt ended
+            elif calls[-1][0] is self.root and running(calls[-1][1], caller):
+                # the root again inside its own call (the module a torch.compile wrapper
+                # runs eagerly, or a model calling itself): one call, one entry
+                self._root_again += 1
+                return
             self.root_calls += 1
             frame = self.root
             if self.current is self.root and self._saved_seen is not None:
@@ -502,6 +514,9 @@ class ModuleTracker:
         if self._recompute_depth:
             return self._pop_recompute(name)
         if name == ROOT:
+            if self._root_again:
+                self._root_again -= 1
+                return
             frame = self.root
         else:
             frame = self.current
@@ -518,6 +533,17 @@ class ModuleTracker:
             self._close(frame)
         if not calls and self.outside is not self.root:  # none of the model's modules runs
             self._enter(self.outside)
+
+    def _wraps_model(self, module) -> bool:
+        """Whether ``module`` is a ``torch.compile`` wrapper of the model: its calls are the
+        root's (the model's own hooks do not run inside compiled code). Named from then on
+        (kept, so its id stays its own)."""
+        if self.model is None or module.__class__.__name__ != "OptimizedModule" or \
+                unwrap_compiled(module) is not self.model:
+            return False
+        self._name_of[id(module)] = ROOT
+        self._wrappers.append(module)
+        return True
 
     def _pop_recompute(self, name: str) -> None:
         if name != ROOT:

@@ -48,6 +48,7 @@ def assert_same_counts(compiled, eager, exact_bytes=True):
     assert compiled.total.flops == eager.total.flops
     ours, theirs = compiled.by_module(), eager.by_module()
     assert set(ours) == set(theirs)
+    assert ours[""].calls == theirs[""].calls  # the wrapper's call is the model's
     for name, stats in theirs.items():
         assert ours[name].exclusive.macs == stats.exclusive.macs, name
         assert ours[name].exclusive.flops == stats.exclusive.flops, name
