@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import textwrap
 import time
 from typing import Callable, Optional
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from . import FlopCounter, FlopsProfiler, profile
+from ._report import terminal_width
 from .counter import ATTENTION_MODES
 from .models import GPT, GPTConfig
 
@@ -303,7 +305,8 @@ def main(argv=None) -> None:
     except Exception as e:
         _fail(f"running {label} failed: {type(e).__name__}: {e}")
     elapsed = time.perf_counter() - start
-    print(f"{label}{timing} ({elapsed:.2f} s in all)\n")
+    header = f"{label}{timing} ({elapsed:.2f} s in all)"  # as wide as the table may be
+    print(textwrap.fill(header, args.width or terminal_width(), subsequent_indent="  ") + "\n")
     print(fc.table(depth=args.depth, width=args.width))
     for path, write in ((args.json, fc.to_json), (args.csv, fc.to_csv),
                         (args.trace, fc.to_chrome_trace)):
