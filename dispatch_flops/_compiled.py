@@ -50,10 +50,8 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.util
-import re
 import sys
 import threading
-import warnings
 from operator import itemgetter
 from typing import Optional
 
@@ -567,25 +565,46 @@ def install() -> None:
 
 
 class _DynamoImport(importlib.abc.MetaPathFinder):
-    """Calls ``_wrap_compiler`` right after the ``torch._dynamo`` package is first imported
-    (all of it: no graph can be compiled before), then takes itself off ``sys.meta_path``."""
+    """Calls ``_wrap_compiler`` right after the ``torch._dynamo`` package is imported (all of
+    it: no graph can be compiled before), then takes itself off ``sys.meta_path``. A lookup
+    that imports nothing (``importlib.util.find_spec``) or an import that fails leaves it in
+    place; the loader found is wrapped, never changed."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != _DYNAMO:
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            _wrap_compiler()
-
-        spec.loader.exec_module = exec_module
+        index = sys.meta_path.index(self) if self in sys.meta_path else None
+        if index is not None:
+            del sys.meta_path[index]  # the real finders answer, not this one
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            if index is not None:
+                sys.meta_path.insert(index, self)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenWrap(spec.loader, self)
         return spec
+
+
+class _ThenWrap(importlib.abc.Loader):
+    """``loader``, which then wraps dynamo's compiler (``_wrap_compiler``)."""
+
+    def __init__(self, loader, finder):
+        self.loader, self.finder = loader, finder
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self.finder)
+        _wrap_compiler()
+
+    def __getattr__(self, name):  # resource readers and the like: the loader's own
+        if name in ("loader", "finder"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
 
 def _wrap_compiler() -> None:
@@ -611,7 +630,6 @@ def _wrap_compiler() -> None:
             _watch_skips()
         if ACTIVE:  # dynamo imported inside a counter's block: hide its hooks from now on
             _register_callbacks()
-            _filter()
 
 
 # -- torch < 2.9: the skips dynamo cached while a counter counted, undone -------------------
@@ -710,42 +728,13 @@ def _register_callbacks() -> None:
         handler.register_end_callback(_show_hooks)
 
 
-# torch warns at every call of a torch.compile(module) wrapper while global module hooks
-# exist that they fire for the wrapper too: the tracker counts the wrapper and its module as
-# one (``walk_modules``), so the warning is silenced while counters count, and only then (and
-# only with dynamo imported: before, no such wrapper exists)
-_HOOKS_WARNING = ("ignore", re.compile(r"Using `torch.compile\(module\)` when there are global "
-                                       r"hooks", re.I), UserWarning, None, 0)
-_FILTERS: list = []  # the filter this package put in ``warnings.filters``, while it is there
-
-
-def _filter() -> None:
-    if not _FILTERS and _DYNAMO in sys.modules:
-        warnings.filters.insert(0, _HOOKS_WARNING)
-        _FILTERS.append(_HOOKS_WARNING)
-        _filters_mutated()
-
-
-def _unfilter() -> None:
-    """Take this package's filter out of ``warnings.filters`` (the user's filters, added
-    meanwhile or not, are left as they are)."""
-    while _FILTERS:
-        entry = _FILTERS.pop()
-        with contextlib.suppress(ValueError):
-            warnings.filters.remove(entry)
-            _filters_mutated()
-
-
-def _filters_mutated() -> None:
-    getattr(warnings, "_filters_mutated", lambda: None)()  # the filters' cache
-
-
 def enter(mode, tracker) -> None:
     """A counter starts: its graphs count, its hooks are hidden from compiles."""
     with _LOCK:
         if not ACTIVE:
+            if not _INSTALLED and _DYNAMO in sys.modules:  # imported past the finder
+                _wrap_compiler()
             _register_callbacks()
-            _filter()
         ACTIVE.append((mode, tracker))
 
 
@@ -754,7 +743,6 @@ def leave(mode) -> None:
         ACTIVE[:] = [(m, t) for m, t in ACTIVE if m is not mode]
         if not ACTIVE:
             _restore_skipped()
-            _unfilter()
             handler = _callbacks()
             if handler is not None:
                 for remove, fn in ((handler.remove_start_callback, _hide_hooks),

@@ -28,7 +28,7 @@ _LISTED: set = set()
 def _ops(names: str):
     found = []
     for name in names.split():
-        op = getattr(aten, name, None)
+        op = getattr(torch.ops.aten, name, None)
         if op is not None and op not in _LISTED:  # ops come and go across torch versions
             _LISTED.add(op)
             found.append(op)

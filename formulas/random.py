@@ -17,7 +17,7 @@ aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 def _ops(names: str) -> list:
-    return [getattr(aten, n) for n in names.split() if hasattr(aten, n)]
+    return [getattr(aten, n) for n in names.split() if hasattr(torch.ops.aten, n)]
 
 
 @register_formula(_ops("""

@@ -346,12 +346,13 @@ def test_stays_compiled_after_counting():
         assert len(runs) == before + 2, counted_first
         assert dict(counters["frames"]) == frames or not frames  # compiled once, at most
 IMPORT_THEN_COMPILE = """
+import importlib.util
 import sys
-import warnings
 import torch
 import dispatch_flops
 from dispatch_flops import FlopCounter
 print("dynamo imported:", "torch._dynamo" in sys.modules)
+importlib.util.find_spec("torch._dynamo")  # a library's availability check imports nothing
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
 x = torch.randn(4, 8)
@@ -359,25 +360,21 @@ with FlopCounter(model) as eager:
     model(x)
 compiled = torch.compile(model)
 compiled(x)  # compiled outside any counter, counted on a later call
-filters = list(warnings.filters)  # dynamo adds its own on import
 with FlopCounter(compiled) as fc:
     compiled(x)
-print("macs equal:", fc.total.macs == eager.total.macs > 0)
-print("filters restored:", warnings.filters == filters)
+print("counts equal:", (fc.total.macs, fc.total.flops) == (eager.total.macs, eager.total.flops))
 """
 
 
 def test_importing_the_package_does_not_import_dynamo():
     """``import dispatch_flops`` leaves dynamo unimported (seconds of import for a process that
-    never compiles); graphs compiled once ``torch.compile`` imports it are still counted, and
-    torch's warning about global hooks on a compiled module (which the tracker handles) is
-    silenced while counting only (the run turns every UserWarning into an error)."""
+    never compiles), even after a lookup of it that imports nothing; graphs compiled once
+    ``torch.compile`` imports it are still counted."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c",
-                          IMPORT_THEN_COMPILE], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", IMPORT_THEN_COMPILE], capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dynamo imported: False" in out.stdout
-    assert "macs equal: True" in out.stdout
-    assert "filters restored: True" in out.stdout
+    assert "counts equal: True" in out.stdout
