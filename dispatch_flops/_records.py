@@ -170,7 +170,7 @@ class Layout:
 
     __slots__ = ("n", "keys", "row_of", "units", "errors", "memo")
 
-    def __init__(self, ledger, resolutions: dict, timed: bool = True):
+    def __init__(self, ledger, resolutions: dict):
         records = ledger.records
         self.n = len(records)
         index = {id(rec): i for i, rec in enumerate(records)}
