@@ -93,21 +93,18 @@ def _graph_overhead(step, iters: int) -> tuple:
 
     originals = {}
 
-    def timing_wrap(backward):
-        def inner(ctx, *grads):
+    def timed_as(label, backward):
+        def timed_backward(ctx, *grads):
             start = clock()
             try:
                 return backward(ctx, *grads)
             finally:
-                spent["backward compiled"] += clock() - start
-        wrapped = wrap_backward(inner)
+                spent[label] += clock() - start
+        return timed_backward
 
-        def outer(ctx, *grads):
-            start = clock()
-            try:
-                return wrapped(ctx, *grads)
-            finally:
-                spent["backward wrapper"] += clock() - start
+    def timing_wrap(backward):
+        outer = timed_as("backward wrapper",
+                         wrap_backward(timed_as("backward compiled", backward)))
         outer._dispatch_flops = True
         return outer
 

@@ -156,6 +156,11 @@ class namespace:
                 raise
             return _Missing(f"{self._name}::{op}")
 
+    def present(self, names) -> list:
+        """The ops among ``names`` that this torch has (lists of ops to register skip the
+        rest)."""
+        return [getattr(self._ops, n) for n in names if hasattr(self._ops, n)]
+
 
 def _as_op(op) -> OpLike:
     if isinstance(op, str):  # "namespace::name": an op registered later, on import

@@ -14,8 +14,6 @@ an additive mask/bias adds one flop per pair.
 
 from __future__ import annotations
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from .costs import ELEMENT_COSTS
 

@@ -8,8 +8,6 @@ one flop per output element.
 
 from __future__ import annotations
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from ._shapes import numel
 

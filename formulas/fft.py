@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from ._shapes import numel
 

@@ -9,8 +9,6 @@ residual adds and the activation as pointwise ops.
 
 from __future__ import annotations
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from .attention import attention_forward_cost
 from .costs import ELEMENT_COSTS

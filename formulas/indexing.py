@@ -16,12 +16,12 @@ aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 def _twins(*names: str) -> list:
-    return [getattr(aten, n) for name in names for n in (name, name + "_") if hasattr(torch.ops.aten, n)]
+    return aten.present(n for name in names for n in (name, name + "_"))
 
 
 def _out_of_place(*names: str) -> list:
     # the in-place twins write part of their destination: priced, bytes too, in partial.py
-    return [getattr(aten, n) for n in names if hasattr(torch.ops.aten, n)]
+    return aten.present(names)
 
 
 @register_formula(aten.embedding_dense_backward)

@@ -7,8 +7,6 @@ so MACs are 0.
 
 from __future__ import annotations
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from ._shapes import numel
 from .costs import ELEMENT_COSTS

@@ -9,8 +9,6 @@ use are ordinary pointwise ops (``pointwise.py``). The step counter's increment 
 
 from __future__ import annotations
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from ._shapes import list_numel
 from .costs import ELEMENT_COSTS

@@ -67,7 +67,7 @@ def per_element(key: str, *, scale: tuple | None = None, variant: tuple | None =
 
 def _twins(name: str) -> list:
     names = (name, name + "_", "_foreach_" + name, "_foreach_" + name + "_")
-    return [getattr(aten, n) for n in names if hasattr(torch.ops.aten, n)]
+    return aten.present(names)
 
 
 def pointwise(name: str, key: str | None = None, **options) -> None:

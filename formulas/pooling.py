@@ -27,7 +27,7 @@ aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 def _ops(names: str) -> list:
-    return [getattr(aten, n) for n in names.split() if hasattr(torch.ops.aten, n)]
+    return aten.present(names.split())
 
 
 def _per_dim(value, d: int, default=None) -> list:

@@ -7,8 +7,6 @@ with p; dropout compares, masks and rescales.
 
 from __future__ import annotations
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from ._shapes import first_numel, numel
 from .costs import ELEMENT_COSTS
@@ -17,7 +15,7 @@ aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 def _ops(names: str) -> list:
-    return [getattr(aten, n) for n in names.split() if hasattr(torch.ops.aten, n)]
+    return aten.present(names.split())
 
 
 @register_formula(_ops("""

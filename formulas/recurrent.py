@@ -12,8 +12,6 @@ backward per hidden unit, one add per gate element for the bias gradient.
 
 from __future__ import annotations
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from ._shapes import numel
 from .costs import ELEMENT_COSTS

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ._registry import Cost, namespace, register_formula
 from ._shapes import first_numel, list_numel, numel
 from .costs import ELEMENT_COSTS
@@ -22,7 +20,7 @@ aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
 def _ops(names: str) -> list:
-    return [getattr(aten, n) for n in names.split() if hasattr(torch.ops.aten, n)]
+    return aten.present(names.split())
 
 
 def reduction(key: str, per_output: int = 0):

@@ -238,6 +238,9 @@ def test_an_op_this_torch_lacks_is_a_name_that_is_never_met():
     assert fc.total.flops == 1 and not fc.unsupported_ops()
     with pytest.raises(AttributeError):
         aten.__no_such_dunder__
+    # the formula modules' lists of ops keep only those this torch has
+    assert aten.present(["mm", "no_such_op_in_torch", "sin_"]) == [torch.ops.aten.mm,
+                                                                    torch.ops.aten.sin_]
     from dispatch_flops.formulas import REGISTRY
     from dispatch_flops.formulas._registry import _Missing
     # the built-in library registers no name for an op this torch has not got (its filters
