@@ -18,7 +18,7 @@ counting mode (the eager ops outside the graphs: the loss, its backward, gradien
 accumulation; each one Python call), counted and listed. The graphs' own extern kernels
 (mm, addmm) run with the counting mode off the stack and reach it never.
 
-    python benchmarks/compiled.py [--rounds 15] [--iters 20]
+    python benchmarks/compiled.py [--rounds 15] [--iters 20] [--batch 64]
 """
 
 from __future__ import annotations
@@ -159,11 +159,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=64,
+                        help="rows per step (the counter's cost per step is fixed: a longer "
+                             "step shows less of it)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(*[Block(128) for _ in range(4)])
-    x = torch.randn(64, 128)
+    x = torch.randn(args.batch, 128)
     compiled = torch.compile(model)
 
     def step(m):
@@ -209,7 +212,7 @@ def main() -> None:
     with FlopCounter(model) as ref:
         step(model)
     e, c, u, a = (wall[k] for k in kinds[:4])
-    print(f"4-block MLP d=128, batch 64, fwd+bwd, 1 thread, {args.rounds} rounds x "
+    print(f"4-block MLP d=128, batch {args.batch}, fwd+bwd, 1 thread, {args.rounds} rounds x "
           f"{args.iters} steps (medians; wall, and this thread's CPU time)")
     print(f"eager step:                 {e:6.3f} ms   cpu {cpu['eager']:6.3f} ms")
     print(f"compiled step:              {c:6.3f} ms   cpu {cpu['compiled']:6.3f} ms")
