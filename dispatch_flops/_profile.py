@@ -108,6 +108,13 @@ def _accumulate(into: dict, key, counts: tuple) -> None:
     into[key] = list(counts) if total is None else list(map(add, total, counts))
 
 
+def _graph_phase_ns(forward: int, backward: int, phase: Optional[str]) -> int:
+    """ns of a compiled graph's runs (``forward`` and ``backward`` ns) in ``phase`` (None:
+    all)."""
+    return (forward if phase in (None, FORWARD) else 0) + \
+        (backward if phase in (None, BACKWARD) else 0)
+
+
 def _check_phase(phase: Optional[str]) -> None:
     if phase is not None and phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES} or None (all phases), got {phase!r}")
@@ -255,10 +262,8 @@ class Profile(TorchCompat):
 
     def _graph_ns(self, phase: Optional[str]) -> int:
         """ns of the compiled graphs' runs in ``phase`` (all phases: None)."""
-        runs = self.module_facts.graph_runs.values()
-        return sum((forward if phase in (None, FORWARD) else 0) +
-                   (backward if phase in (None, BACKWARD) else 0)
-                   for _, forward, backward in runs)
+        return sum(_graph_phase_ns(forward, backward, phase)
+                   for _, forward, backward in self.module_facts.graph_runs.values())
 
     @property
     def total(self) -> Stats:
@@ -375,13 +380,13 @@ class Profile(TorchCompat):
             # a compiled graph's runs are timed whole: their time is the time of the module
             # that ran them (and its callers), as an op's would be
             for stack, (_, forward, backward) in facts.graph_runs.items():
-                ns = (forward if phase in (None, FORWARD) else 0) + \
-                    (backward if phase in (None, BACKWARD) else 0)
+                ns = _graph_phase_ns(forward, backward, phase)
                 if not ns:
                     continue
-                _accumulate(exclusive, stack[-1], (0,) * (len(ROW) - 1) + (ns,))
+                only_time = (0,) * (len(ROW) - 1) + (ns,)
+                _accumulate(exclusive, stack[-1], only_time)
                 for name in credited(stack, calls):
-                    _accumulate(inclusive, name, (0,) * (len(ROW) - 1) + (ns,))
+                    _accumulate(inclusive, name, only_time)
                     if phase in (None, FORWARD):
                         forward_ns[name] = forward_ns.get(name, 0) + forward
         if timed and phase in (None, FORWARD):
