@@ -430,8 +430,10 @@ def graph_facts(tracker) -> tuple:
     ``{module stack: (runs, forward ns, backward ns)}`` of the compiled graphs it ran (timing
     on), and the names of the modules whose forward ran inside one of them."""
     times = tracker.__dict__.get("_compiled_times", {})
-    names = {frame.name for priced in tracker.__dict__.get("_compiled_ran", {}).values()
-             for frame, _ in priced.calls}
+    ran = tracker.__dict__.get("_compiled_ran")
+    if not times and not ran:  # no graph ran (every counter reads this on exit)
+        return {}, ()
+    names = {frame.name for priced in (ran or {}).values() for frame, _ in priced.calls}
     return ({stack: tuple(t) for stack, t in times.items()},
             tuple(n for n in tracker.names() if n in names))
 

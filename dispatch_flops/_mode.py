@@ -43,6 +43,17 @@ _current_node = torch._C._current_autograd_node
 # under its recomputation saved-tensors hook; reentrant, inside its autograd Function's node
 _RECOMPUTATION_HOOK = "_recomputation_hook.__init__.<locals>.pack_hook"
 _REENTRANT = "CheckpointFunctionBackward"
+# each autograd node class's backward phase (an index into PHASES): the reentrant node's is
+# recompute. Asked once per class: a node's name() is a C++ call and a new string
+_NODE_PHASE: dict = {}
+
+
+def node_phase(node) -> int:
+    if len(_NODE_PHASE) > 4096:  # autograd Function classes made on the fly: bounded
+        _NODE_PHASE.clear()
+    phase = _NODE_PHASE[node.__class__] = _REENTRANT_I if node.name() == _REENTRANT \
+        else _BACKWARD_I
+    return phase
 
 # subclasses the mode lets run an op first (``CountingMode._unwraps``), and the dispatch key
 # of the fake mode DTensor's sharding propagation runs under
@@ -674,7 +685,8 @@ class CountingMode(TorchDispatchMode):
                     frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
                     # reentrant checkpointing re-runs forward inside its own node's backward:
                     # the node's ops are recompute, in the frame where checkpoint was called
-                    acc = frame.acc[_REENTRANT_I if node.name() == _REENTRANT else _BACKWARD_I]
+                    phase = _NODE_PHASE.get(node.__class__)
+                    acc = frame.acc[phase if phase is not None else node_phase(node)]
                 self._last = (node, acc, seq)
             if seq != _ACCUMULATE_GRAD_SEQ:  # AccumulateGrad saves nothing: never re-runs
                 hooks = _top_saved_tensors_hooks(False)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from operator import itemgetter
+from collections import deque
+from itertools import repeat
+from operator import itemgetter, setitem
 from typing import Optional
 
 import torch
@@ -113,14 +115,15 @@ def unwrap_compiled(module: nn.Module) -> nn.Module:
     return module
 
 
-def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
-    """``{id(module): name}`` and the modules, in ``model.named_modules()`` order with its
-    names and de-duplication, walked without recursive generators: it runs on every
-    counter's entry. A ``torch.compile(module)`` wrapper is not a module of its own: it and
+def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module], tuple]:
+    """``{id(module): name}``, the modules and their names, in ``model.named_modules()``
+    order with its names and de-duplication, walked without recursive generators: it runs on
+    every counter's entry. A ``torch.compile(module)`` wrapper is not a module of its own: it and
     the module it wraps share the name, without ``_orig_mod.`` (the dict holds both ids, the
     list the module)."""
     name_of: dict[int, str] = {}
     modules: list[nn.Module] = []
+    names: list[str] = []
     todo = [(ROOT, model)]
     while todo:
         name, module = todo.pop()
@@ -135,13 +138,14 @@ def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module]]:
                 continue
         name_of[id(module)] = name
         modules.append(module)
+        names.append(name)
         children = module._modules
         if children:
             prefix = name + "." if name else ""
             for key, child in reversed(list(children.items())):
                 if child is not None:
                     todo.append((prefix + key, child))
-    return name_of, modules
+    return name_of, modules, tuple(names)
 
 
 class Frame:
@@ -150,10 +154,12 @@ class Frame:
     ``acc[i]`` is phase ``PHASES[i]``'s accumulator: op key (an overload's id, or a
     signature) -> op record (see ``_records``); the dispatch mode writes them."""
 
-    __slots__ = ("name", "parent", "stack", "children", "calls", "acc", "span", "saved")
+    __slots__ = ("name", "dotted", "parent", "stack", "children", "calls", "acc", "span",
+                 "saved")
 
     def __init__(self, name: str, parent: Optional["Frame"], frames: list):
         self.name = name
+        self.dotted = name + "." if name else ""  # what the names of modules inside begin with
         self.parent = parent
         self.stack: tuple = (name,) if parent is None else parent.stack + (name,)
         self.children: dict[str, Frame] = {}
@@ -180,7 +186,7 @@ class Outside(Frame):
 
     def __init__(self, root: Frame):
         self.root = root
-        self.name, self.parent, self.stack = root.name, None, root.stack
+        self.name, self.dotted, self.parent, self.stack = root.name, root.dotted, None, root.stack
         self.children = root.children
         self.calls, self.span = 0, [0]
         self.acc = tuple(root.acc[phase_of(node=i == BACKWARD_I, recompute=i == RECOMPUTE_I,
@@ -212,7 +218,8 @@ class Ledger:
     the ledger's are set back to zero in place (``reset``). One counter at a time: a nested
     counter gets a ledger of its own (``busy``)."""
 
-    __slots__ = ("root", "frames", "records", "busy", "home", "layout", "params", "last")
+    __slots__ = ("root", "frames", "records", "busy", "home", "layout", "params", "last",
+                 "_outside")
 
     def __init__(self):
         self.frames: list[Frame] = []  # every frame, in the order they were made
@@ -223,6 +230,14 @@ class Ledger:
         self.params: Optional[tuple] = None  # (modules, types, params), see the tracker
         self.last = None  # the last Profile harvested: the next may share its views
         self.root = Frame(ROOT, None, self.frames)
+        self._outside: Optional[Outside] = None
+
+    @property
+    def outside(self) -> "Outside":
+        """The root's ``Outside`` (made once: it holds no counts of its own)."""
+        if self._outside is None:
+            self._outside = Outside(self.root)
+        return self._outside
 
     def retire(self) -> None:
         """Never hand this ledger to another counter (a mode still counts into it)."""
@@ -235,11 +250,11 @@ class Ledger:
     def reset(self) -> None:
         """Every count back to zero, frames and records kept (their layout stays valid)."""
         records = self.records
-        for rec in records:
-            rec[CALLS] = 0
+        n = len(records)
+        # each loop runs in C (map consumed by an empty deque): a ledger holds hundreds
+        deque(map(setitem, records, repeat(CALLS, n), repeat(0, n)), maxlen=0)
         if any(map(_ns, records)):
-            for rec in records:
-                rec[NS] = 0
+            deque(map(setitem, records, repeat(NS, n), repeat(0, n)), maxlen=0)
         for frame in self.frames:
             frame.calls = 0
             frame.span[0] = 0
@@ -317,6 +332,7 @@ class ModuleTracker:
         self._wrappers: list = []  # torch.compile wrappers of the model (see _wraps_model)
         self._modules: list[nn.Module] = []
         self._name_of: dict[int, str] = {}
+        self._names: tuple = (ROOT,)  # the model's module names, in _modules order
         self._param_owner: Optional[dict[int, str]] = None
         self._accumulation_frames: dict[int, Frame] = {}
         self._first_frames: dict[str, Frame] = {}  # each module's first frame
@@ -330,7 +346,7 @@ class ModuleTracker:
         self.recompute_home: tuple = (None, self.root)
         self._phase = FORWARD_I  # phase_of the tracker's state, asked when the state changes
         # with a model, ops run while none of its modules runs are ``other`` (see Outside)
-        self.outside = Outside(self.root) if model is not None else self.root
+        self.outside = self.ledger.outside if model is not None else self.root
         self._aim()
         if self.outside is not self.root:
             self._enter(self.outside)
@@ -355,7 +371,7 @@ class ModuleTracker:
             if self.model is None and not self.every_module:
                 return
             if self.model is not None:
-                self._name_of, self._modules = walk_modules(self.model)
+                self._name_of, self._modules, self._names = walk_modules(self.model)
             self._handles.append(register_module_forward_pre_hook(self._push))
             self._handles.append(register_module_forward_hook(self._pop, always_call=True))
         except BaseException:
@@ -414,7 +430,7 @@ class ModuleTracker:
         """Name a module first called with no model given, torch's way: its class name, and
         ``"<its name>.<child>"`` for everything inside it not named yet."""
         top = type(module).__name__
-        relative, modules = walk_modules(module)
+        relative, modules, _ = walk_modules(module)
         for m in modules:
             if id(m) not in self._name_of:
                 rel = relative[id(m)]
@@ -439,7 +455,14 @@ class ModuleTracker:
         if self._recompute_depth or _current_node() is not None:
             return self._push_recompute(name)
         calls = self._calls
-        if calls and not running(calls[-1][1], caller):
+        # Check that the innermost call is still running (one a KeyboardInterrupt ended left
+        # no forward hook to end it) at every root call and every call not nested as the model
+        # nests its modules; a call named inside the innermost one's is taken as inside it
+        # (the check walks the Python stack, about 2 us a call on the tiny GPT: half the hook).
+        # So until the next root call, a module inside an interrupted one, called directly,
+        # counts inside it
+        if calls and (name == ROOT or not name.startswith(calls[-1][0].dotted)) and \
+                not running(calls[-1][1], caller):
             self._drop_ended(caller)
         if self._saved_seen is not None:
             self._wrap_inner_hooks()
@@ -699,7 +722,7 @@ class ModuleTracker:
         model)."""
         if self.every_module:
             return (ROOT,) + tuple(self._name_of[id(m)] for m in self._modules)
-        return tuple(self._name_of[id(m)] for m in self._modules) if self._modules else (ROOT,)
+        return self._names
 
     def types_and_params(self) -> tuple[tuple, tuple]:
         """Each module's class name and parameters (``sum(p.numel() for p in
