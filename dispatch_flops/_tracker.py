@@ -214,12 +214,14 @@ class Ledger:
 
     A counter that finds its model's ledger free counts into it: the frames and records its
     ops need are already there, so entering a new ``FlopCounter(model)`` every step costs what
-    keeping one open does. When the counter exits, its counts are copied into its Profile and
-    the ledger's are set back to zero in place (``reset``). One counter at a time: a nested
-    counter gets a ledger of its own (``busy``)."""
+    keeping one open does. A counter that exits leaves its counts here (``holder``: how to
+    hand them to it); the next counter on the model first hands them over, if that counter
+    is still alive and has not read them yet, and sets them back to zero in place
+    (``settle``): a counter nobody reads costs no copy. One counter at a time: a nested counter
+    gets a ledger of its own (``busy``)."""
 
     __slots__ = ("root", "frames", "records", "busy", "home", "layout", "params", "last",
-                 "_outside")
+                 "holder", "_outside")
 
     def __init__(self):
         self.frames: list[Frame] = []  # every frame, in the order they were made
@@ -230,6 +232,8 @@ class Ledger:
         self.params: Optional[tuple] = None  # (modules, types, params), see the tracker
         self.last = None  # the last Profile harvested: the next may share its views
         self.root = Frame(ROOT, None, self.frames)
+        # the counts here are a finished counter's: a weak method that copies them into it
+        self.holder: Optional[weakref.WeakMethod] = None
         self._outside: Optional[Outside] = None
 
     @property
@@ -246,6 +250,16 @@ class Ledger:
             found = ledgers.get(key)
             if found is not None and found[1] is self:
                 del ledgers[key]
+
+    def settle(self) -> None:
+        """Hand the counts left here to the counter that made them (if it lives), then set
+        them back to zero. Called under ``LEDGERS_LOCK``."""
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            take = holder()
+            if take is not None:
+                take()
+            self.reset()
 
     def reset(self) -> None:
         """Every count back to zero, frames and records kept (their layout stays valid)."""
@@ -276,7 +290,7 @@ def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:
     the registry's version: a registry change starts new ledgers) while the model lives; a new
     one when it is too large (shapes that keep changing); None when it is counting already (a
     nested counter keeps a ledger of its own)."""
-    with _LEDGERS_LOCK:  # two threads entering counters on one model get a ledger each
+    with LEDGERS_LOCK:  # two threads entering counters on one model get a ledger each
         key = (id(model), options)
         found = ledgers.get(key)
         if found is not None and found[0]() is model:
@@ -284,6 +298,7 @@ def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:
             if ledger.busy:
                 return None
             if len(ledger.records) < _LEDGER_RECORDS_CAP:
+                ledger.settle()
                 ledger.busy = True
                 return ledger
         ledger = Ledger()
@@ -294,7 +309,8 @@ def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:
         return ledger
 
 
-_LEDGERS_LOCK = threading.Lock()
+# guards the ledgers and a ledger's hand-over of a finished counter's counts (``settle``)
+LEDGERS_LOCK = threading.RLock()  # re-entered: a formula priced under it may count
 
 
 class ModuleTracker:
@@ -388,16 +404,16 @@ class ModuleTracker:
         or a failed exit): it may go on counting into this tracker's ledger."""
         return self.mode in _get_current_dispatch_mode_stack()
 
-    def close(self) -> None:
-        """Counting is over: free a shared ledger for the next counter, its counts set back to
-        zero (read them first). A ledger a mode may still count into is retired instead."""
-        if self.mode_left_installed():
+    def close(self, left_installed: bool) -> None:
+        """Counting is over: free a shared ledger for the next counter (which settles the
+        counts left in it: see ``Ledger.settle``). A ledger a mode may still count into
+        (``left_installed``: see ``mode_left_installed``) is retired instead."""
+        if left_installed:
             self.ledger.retire()
             return
         self.mode.tracker = None  # no cycle left for the garbage collector to find
         self.mode._last = (None, None, -1)  # nor the last autograd node kept alive
         if self.shared:
-            self.ledger.reset()
             self.ledger.busy = False
 
     # -- hooks ------------------------------------------------------------------------------

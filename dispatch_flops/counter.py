@@ -8,6 +8,7 @@ from the dispatch mode to a view.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Optional
 
 import torch
@@ -25,7 +26,7 @@ from ._records import Captured, engine_cache
 from ._results import GLOBAL
 from ._timing import Relay, Relayed, Timer, cuda_index
 from ._trace import is_tracing, new_timer, trace_events
-from ._tracker import ModuleTracker, ledger_for, suspendable
+from ._tracker import LEDGERS_LOCK, ModuleTracker, ledger_for, suspendable
 
 ATTENTION_MODES = ("dense", "causal")
 _compiled.install()  # graphs dynamo compiles from now on count when a counter runs
@@ -88,7 +89,9 @@ class FlopCounter:
         self._wall_start = None
         self._saved_hooks = None
         self._relay = None  # the Relay this counter put under the mode below it, if nested
-        self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts) at exit
+        self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts)
+        # (volatile run facts, (module types, params)) read at exit: see __exit__
+        self._at_exit: Optional[tuple] = None
         self._profile: Optional[Profile] = None
         # with no model, name every module called, torch's way (FlopCounterMode sets it)
         self._every_module = False
@@ -132,14 +135,14 @@ class FlopCounter:
                     raise
         except BaseException:
             tracker.detach()
-            tracker.close()
+            tracker.close(tracker.mode_left_installed())
             _unrelay(relay)
             raise
         _compiled.enter(mode, tracker)
         self._saved_hooks = saved_hooks
         self._relay = relay
         self._tracker, self._mode, self._active = tracker, mode, True
-        self._captured = self._profile = None
+        self._captured = self._profile = self._at_exit = None
         self._timer, self._wall = timer, [0]
         if timer is not None:
             self._wall_start = timer.mark()
@@ -161,9 +164,17 @@ class FlopCounter:
                 self._timer.span(self._wall, 0, self._wall_start,
                                  self._timer.mark(block_end=True))
             self._active = False
-            if tracker.shared:  # the ledger's counts go back to zero for the next counter
-                self._captured = self._capture()
-            tracker.close()
+            # what may change once the block is over (the model's dtype and modules, the
+            # process group) is read now; the counts are read when first asked for, or when
+            # the next counter on the model needs the ledger (``Ledger.settle``)
+            self._at_exit = (self._volatile_facts(), tracker.types_and_params())
+            left_installed = tracker.mode_left_installed()
+            if tracker.shared:
+                if left_installed:  # its mode may go on counting into the ledger
+                    self._captured = self._capture()
+                else:
+                    tracker.ledger.holder = weakref.WeakMethod(self._settle)
+            tracker.close(left_installed)
 
     def _cuda_devices(self) -> list[int]:
         """The CUDA devices the model's parameters and buffers are on (its marks start
@@ -196,10 +207,16 @@ class FlopCounter:
             return Profile((), ModuleFacts(), self._run_facts())
         if self._active:
             return self._make(self._capture())
-        if self._captured is None:  # a private ledger, read after the block
-            self._captured = self._capture()
+        if self._captured is None:
+            with LEDGERS_LOCK:  # the next counter on the model may be settling them now
+                self._settle()
         self._profile = self._make(self._captured)
         return self._profile
+
+    def _settle(self) -> None:
+        """Take this finished counter's counts from its ledger, once."""
+        if self._captured is None:
+            self._captured = self._capture()
 
     def _capture(self) -> tuple:
         """This counter's counts and module facts as they are now (cheap: no pricing)."""
@@ -207,7 +224,8 @@ class FlopCounter:
         if self._timer is not None and not self._active:
             self._timer.resolve()
         calls = tracker.call_counts()
-        types, params = tracker.types_and_params()
+        types, params = self._at_exit[1] if self._at_exit is not None and not self._active \
+            else tracker.types_and_params()
         graph_runs, in_graphs = _compiled.graph_facts(tracker)
         facts = ModuleFacts(
             names=tracker.names(), types=types, params=params,
@@ -234,7 +252,9 @@ class FlopCounter:
             self._tracker.ledger.last = profile
         return profile
 
-    def _run_facts(self, **more) -> RunFacts:
+    def _volatile_facts(self) -> dict:
+        """The run's facts that may change after it: the model's dtype and device (its first
+        floating parameter's), the rank and world size."""
         dtype, device = torch.float32, None
         first = self._tracker.first_parameter() if self._tracker is not None else None
         if first is None and self.model is not None:  # never entered: ask the model
@@ -244,15 +264,19 @@ class FlopCounter:
             if first.is_floating_point():
                 dtype = first.dtype
         rank, world_size = _rank_and_world()
+        return dict(rank=rank, world_size=world_size, dtype=str(dtype).replace("torch.", ""),
+                    device=device.type if device is not None else None,
+                    device_name=torch.cuda.get_device_name(device)
+                    if device is not None and device.type == "cuda" else None)
+
+    def _run_facts(self, **more) -> RunFacts:
+        volatile = self._at_exit[0] if self._at_exit is not None and not self._active \
+            else self._volatile_facts()
         return RunFacts(
             model=self.root_label, has_model=self.model is not None, attention=self.attention,
-            rank=rank, world_size=world_size,
             timing=self.timing, saved_activations=self.saved_activations,
-            wall_s=self.wall_s, dtype=str(dtype).replace("torch.", ""),
-            allow_tf32=getattr(self, "_allow_tf32", False),
-            device=device.type if device is not None else None,
-            device_name=torch.cuda.get_device_name(device)
-            if device is not None and device.type == "cuda" else None, **more)
+            wall_s=self.wall_s, allow_tf32=getattr(self, "_allow_tf32", False),
+            **volatile, **more)
 
     @property
     def wall_s(self) -> Optional[float]:

@@ -131,6 +131,35 @@ def test_reading_while_counting_then_after():
     assert fc.to_dict() == check.to_dict()
 
 
+def test_a_counter_read_late_reports_its_own_run():
+    """A counter's counts stay in the ledger until read or until the next counter on the
+    model needs it; what it reports is still its own block, and the model as it was then."""
+    model, idx = tiny_gpt(), tiny_ids()
+    with FlopCounter(model) as first:
+        step(model, idx)
+    model.double()  # no counter since: the first is read from the ledger as it was left
+    assert first.to_profile().run.dtype == "float32"
+    model.float()
+    with FlopCounter(model) as early:
+        step(model, idx)
+    unread_flops = []
+    for _ in range(2):  # later counters, one dropped unread: the ledger is handed on
+        with FlopCounter(model) as later:
+            model(idx)
+        unread_flops.append(later.total.flops if not unread_flops else None)
+        del later
+    model.double()  # after the blocks: the profile still says what ran
+    with FlopCounter(model) as doubled:
+        step(model, idx.clone())
+    assert early.to_profile().run.dtype == "float32"  # read while the model is float64
+    assert doubled.to_profile().run.dtype == "float64"
+    fresh = _first(model.float())
+    with fresh as check:
+        step(fresh.model, idx)
+    assert early.to_dict() == check.to_dict() == first.to_dict()
+    assert doubled.total.flops == early.total.flops > unread_flops[0] > 0
+
+
 def test_nested_counters_on_one_model_count_apart():
     """Both count every op of the inner block: the inner one cannot share the outer's ledger."""
     model, idx = tiny_gpt(), tiny_ids()
