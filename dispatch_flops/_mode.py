@@ -730,8 +730,11 @@ class CountingMode(TorchDispatchMode):
                         sig.append(k)
                         if v.__class__ is float:  # the optimizers' alpha=, value=
                             sig.append(v if v in _TOLD_APART else _FLOAT)
-                        else:
+                        elif v.__class__ is list or v.__class__ is tuple or \
+                                isinstance(v, Tensor):
                             sig.append(_key(v))
+                        else:  # dtype=, device=, layout=, memory_format=: as _key keys them
+                            sig.append(v)
                 if resolved.out_in_signature:  # see _Resolved.signed
                     sig = resolved.signed(sig, resolved, args, out)
                 elif isinstance(out, Tensor):  # a scalar's type or the default dtype sets it
