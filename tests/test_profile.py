@@ -298,3 +298,16 @@ def test_root_label_and_root_key():
     fc = steps(tiny_gpt(), [1])[0]
     assert ROOT in fc.by_module() and fc.to_profile().root_label == "GPT"
     assert repr(fc.to_profile()).startswith("Profile(GPT,")
+
+
+def test_every_module_of_the_package_imports():
+    """No module left behind that nothing uses and that no longer imports (a removed name)."""
+    import importlib
+    import pkgutil
+    failed = []
+    for info in pkgutil.walk_packages(dispatch_flops.__path__, "dispatch_flops."):
+        try:
+            importlib.import_module(info.name)
+        except Exception as e:  # noqa: BLE001 - the test reports any failure
+            failed.append((info.name, repr(e)))
+    assert not failed, failed
