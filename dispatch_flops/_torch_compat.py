@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ._results import ROOT
+from ._results import ROOT, depth_of
 
 GLOBAL = "Global"  # torch's key for everything counted in the block
 _SUFFIXES = ("", "K", "M", "B", "T")  # torch's table units
@@ -89,8 +89,8 @@ def torch_table(flop_counts: dict, depth: Optional[int]) -> str:
 
     rows = []
     for name in sorted(flop_counts):
-        if name != GLOBAL and name.count(".") + 1 <= depth:
-            rows += rows_of(name, name.count("."))
+        if name != GLOBAL and depth_of(name) <= depth:  # torch's names: never the root's ""
+            rows += rows_of(name, depth_of(name) - 1)
     if GLOBAL in flop_counts and not subsumed:
         for row in rows:
             row[0] = " " + row[0]
