@@ -1,8 +1,8 @@
 """The text table. Reads finished results only; never touches the dispatch mode.
 
-Columns are declared once in ``COLUMNS``: a key (what ``table(columns=...)`` names), a header
-and its abbreviation, a priority (the lower, the longer it stays when the table must narrow; columns of
-one priority go together),
+Columns are declared once in ``COLUMNS``: a key (what ``table(columns=...)`` names), a
+header and its abbreviation, a priority (the lower, the longer it stays when the table must
+narrow; columns of one priority go together),
 when it applies to a run, and how a row's cell reads. A new column is one more entry. The
 table fits ``width`` characters (the terminal's; 100 when output is not a terminal): first
 the headers are abbreviated, then the columns of highest priority number dropped, the
@@ -290,6 +290,9 @@ def _footer(counter, by_phase, names: list, modules: dict) -> list:
     lines = [coverage_line(counter.coverage())]
     if counter.ranks:
         lines.append(f"Gathered from {len(counter.ranks)} ranks: counts summed over ranks")
+    if getattr(counter, "steps", 1) > 1:  # a FlopCounter is one step
+        lines.append(f"Merged from {counter.steps} steps: counts and times summed "
+                     "(per_step() gives the mean step)")
     if counter.has_model and any(not modules[n].calls for n in names if n != ROOT):
         lines.append(f"Calls {NEVER_CALLED}: a container never called itself (ModuleList); "
                      "its figures are its children's")

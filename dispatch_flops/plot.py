@@ -117,6 +117,12 @@ def _value(stats: Stats, metric: str) -> float:
     return float(value or 0)
 
 
+def _summed(counter) -> str:
+    """What a title says of a merged run: its figures are sums over its steps."""
+    steps = getattr(counter, "steps", 1)  # a FlopCounter is one step
+    return f" ({steps} steps summed)" if steps > 1 else ""
+
+
 def _label(counter, name: str) -> str:
     return counter.root_label if name == ROOT else name
 
@@ -160,13 +166,17 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
     fig = _figure(5.5 * len(metrics) + 1.5, 1.2 + 0.32 * len(names))
     axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
     rows = range(len(names))
+    legend = {}  # phase: a bar of it, from whichever panel drew one
     for ax, metric in zip(axes, metrics):
         left = [0.0] * len(names)
         for phase in phases:
             # a module's forward latency in by_module(phase=FORWARD) is its call spans
             widths = [_value(per_phase[phase][n].inclusive, metric)
                       if n in per_phase[phase] else 0.0 for n in names]
-            ax.barh(rows, widths, left=left, color=_PHASE_COLOR.get(phase), label=phase)
+            if not any(widths):  # empty bars would pin the axis's end to the last phase's
+                continue
+            legend[phase] = ax.barh(rows, widths, left=left, color=_PHASE_COLOR.get(phase),
+                                    label=phase)
             left = [a + b for a, b in zip(left, widths)]
         ax.set_xlabel(_METRIC_LABEL[metric])
         ax.xaxis.set_major_formatter(_formatter(metric))
@@ -176,9 +186,10 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
                                      for n in names])
     axes[0].invert_yaxis()
     axes[0].set_ylabel(f"Module (depth {depth})")
-    axes[-1].legend(loc="lower right", fontsize="small")
+    ordered = [p for p in phases if p in legend]
+    axes[-1].legend([legend[p] for p in ordered], ordered, loc="best", fontsize="small")
     left_out = f"; {dropped} smaller left out (top={top})" if dropped else ""
-    fig.suptitle(f"{counter.root_label}: modules at depth {depth}{left_out}")
+    fig.suptitle(f"{counter.root_label}{_summed(counter)}: modules at depth {depth}{left_out}")
     return fig
 
 
@@ -231,8 +242,8 @@ def icicle(counter, depth: int = 3, *, metric: str = "flops"):
     ax.set_xlabel(_METRIC_LABEL[metric])
     ax.xaxis.set_major_formatter(_formatter(metric))
     ax.set_xlim(0, total or 1)
-    fig.suptitle(f"{counter.root_label}: {_METRIC_LABEL[metric]} by module (icicle, "
-                 f"{len(shown)} modules to depth {depth})")
+    fig.suptitle(f"{counter.root_label}{_summed(counter)}: {_METRIC_LABEL[metric]} by module "
+                 f"(icicle, {len(shown)} modules to depth {depth})")
     # a name wider than its box would run into its neighbours: left out
     renderer = _renderer(fig)
     for label, patch in labels:
@@ -300,7 +311,8 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
     ax.grid(which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
     what = "operators" if by == "operator" else f"modules at depth {depth}"
-    ax.set_title(f"{counter.root_label} on {spec.name} ({_dtype_name(dtype)}): {what}")
+    ax.set_title(f"{counter.root_label}{_summed(counter)} on {spec.name} "
+                 f"({_dtype_name(dtype)}): {what}")
     # the heaviest first; untimed points share the roof, so labels step off it or are left
     # out rather than pile up
     _place_labels(fig, ax, [(name, x, y) for name, x, y, _, _ in

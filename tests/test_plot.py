@@ -6,7 +6,7 @@ import torch
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
-from dispatch_flops import DeviceSpec, FlopCounter, plot  # noqa: E402
+from dispatch_flops import DeviceSpec, FlopCounter, Profile, plot  # noqa: E402
 from helpers import step, tiny_gpt, tiny_ids  # noqa: E402
 
 CPU = DeviceSpec.cpu(peak_flops=1e11, memory_bandwidth=2e10)
@@ -46,12 +46,20 @@ def test_by_module_bars(counter, tmp_path):
             assert name in names, name
     if counter.timing:
         assert axes[1].get_xlabel() == "Latency"
+    # a bar per phase that has flops in these modules: not the loss's sum (other: at the root)
     phases = [c.get_label() for c in axes[0].containers]
-    assert phases == ["forward", "backward", "other"]  # other: the loss's sum
+    assert phases == ["forward", "backward"]
+    other = counter.by_module(phase="other")
+    assert counter.by_phase()["other"].calls and not any(
+        other[n].flops for n in names if n in other)
     for phase, bars in zip(phases, axes[0].containers):
         per_phase = counter.by_module(phase=phase)
         assert [b.get_width() for b in bars] == [
             per_phase[n].flops if n in per_phase else 0 for n in names]
+    for ax in axes:  # the longest bar ends inside the axes, not on its edge
+        ends = [b.get_x() + b.get_width() for c in ax.containers for b in c]
+        assert ax.get_xlim()[1] > max(ends) * 1.01
+    assert [t.get_text() for t in axes[-1].get_legend().get_texts()] == phases
     with pytest.raises(ValueError, match="depth 9"):
         plot.by_module(counter, depth=9)
 
@@ -96,6 +104,15 @@ def test_plots_of_a_loaded_run(counter, tmp_path):
     loaded = FlopCounter.from_json(tmp_path / "run.json")
     render(plot.by_module(loaded, depth=1), tmp_path, "loaded_by_module")
     render(plot.roofline(loaded, CPU), tmp_path, "loaded_roofline")
+
+
+def test_plots_of_merged_steps_say_they_are_sums(counter):
+    merged = Profile.merge([counter, counter])
+    titles = [plot.by_module(merged, depth=1).get_suptitle(),
+              plot.icicle(merged, depth=2).get_suptitle(),
+              plot.roofline(merged, CPU).axes[0].get_title()]
+    assert all("(2 steps summed)" in t for t in titles), titles
+    assert "summed" not in plot.by_module(merged.per_step(), depth=1).get_suptitle()
 
 
 def text_boxes(fig):

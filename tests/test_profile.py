@@ -141,6 +141,9 @@ def test_merging_k_identical_steps_multiplies_every_count():
         assert merged.by_phase()[phase].calls == k * stats.calls
     mean = merged.per_step()
     assert mean.steps == 1
+    # the table says its figures are sums over steps; the mean step's does not
+    assert f"Merged from {k} steps" in merged.table(width=100)
+    assert "Merged from" not in mean.table(width=100)
     assert mean.to_dict()["by_module"] == one.to_dict()["by_module"]
     assert mean.total == one.total and mean.records() == one.records()
 
