@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import dispatch_flops
-from dispatch_flops import PHASES, ROOT, FlopCounter, Profile
+from dispatch_flops import PHASES, ROOT, DeviceSpec, FlopCounter, Profile
 from helpers import step, tiny_gpt, tiny_ids
 
 
@@ -55,6 +55,9 @@ RUNS = {
 }
 
 
+CPU = DeviceSpec.cpu(1e11, 2e10)
+
+
 def views(run) -> dict:
     """Every view a Profile offers, as comparable data."""
     out = {
@@ -64,6 +67,11 @@ def views(run) -> dict:
         "model_flops": run.model_flops(), "hardware_flops": run.hardware_flops(),
         "table": run.table(depth=3), "dict": run.to_dict(), "wall_s": run.wall_s,
         "flop_counts": run.get_flop_counts(), "torch_table": run.get_table(),
+        "by_dtype": run.flops_by_dtype(),
+        "roofline_operators": run.roofline_by_operator(CPU),
+        "roofline_modules": run.roofline_by_module(CPU),
+        # a figure on timed runs; on untimed ones the reason there is none
+        "mfu": run.mfu_text(CPU), "hfu": run.hfu_text(CPU),
     }
     for phase in (None,) + PHASES:
         out[f"modules {phase}"] = run.by_module(phase=phase)
@@ -89,6 +97,7 @@ def test_live_profile_and_loaded_views_are_equal(name, tmp_path):
     assert views(loaded) == live
     if fc.timing:
         assert live["total"].latency_s > 0 and live["wall_s"] > 0
+        assert live["mfu"].startswith("MFU ") and live["hfu"].startswith("HFU ")
 
 
 def test_views_are_copies():
