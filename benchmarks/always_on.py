@@ -49,7 +49,7 @@ def models():
 
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=256,
-                                      n_positions=32))
+                                      n_positions=32, bos_token_id=0, eos_token_id=0))
     llama = LlamaForCausalLM(LlamaConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
                                          num_key_value_heads=4, intermediate_size=128,
                                          vocab_size=256, max_position_embeddings=32))
