@@ -31,11 +31,11 @@ from collections import Counter
 import torch
 from torch import nn
 from torch._dynamo.utils import counters
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter
-from dispatch_flops import _compiled, _mode
+from dispatch_flops.engine import compiled as _compiled
+from dispatch_flops.engine import mode as _mode
 
 
 class DoNothing(TorchDispatchMode):

@@ -37,9 +37,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
 from dispatch_flops import FlopCounter, device_spec, human, profile
-from dispatch_flops import _timing
-from dispatch_flops._format import duration
+from dispatch_flops.engine import timing as _timing
 from dispatch_flops.models import GPT, GPT2_SMALL, GPTConfig
+from dispatch_flops.results.format import duration
 
 NO_CUDA = 3  # exit status: skipped, no CUDA device
 

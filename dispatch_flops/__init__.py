@@ -6,38 +6,51 @@
 >>> print(fc)
 """
 
+from dispatch_flops.compat.deepspeed import FlopsProfiler, get_model_profile
+from dispatch_flops.compat.torch_mode import FlopCounterMode
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.engine.activations import Activations
 from dispatch_flops.formulas import Cost, has_formula, register_formula
-
-from ._activations import Activations
-from ._deepspeed import FlopsProfiler, get_model_profile
-from ._format import human
-from ._generation import (DECODE, ENCODER, PREFILL, GenerationProfile, GenerationRoofline,
-                          StepCost, profile_generate)
-from ._profile import ModuleFacts, Profile, RunFacts
-from ._repeat import profile
-from ._results import (
-    BACKWARD,
-    COMMUNICATION,
-    ESTIMATED,
-    EXACT,
-    FORWARD,
-    GLOBAL,
-    NO_ARITHMETIC,
-    OPTIMIZER,
-    OTHER,
-    PHASES,
-    RECOMPUTE,
-    ROOT,
-    UNSUPPORTED,
-    Coverage,
-    ModuleStats,
-    OpRecord,
-    Stats,
+from dispatch_flops.results.format import human
+from dispatch_flops.results.profile import ModuleFacts, Profile, RunFacts
+from dispatch_flops.results.roofline import (
+                          COMM_BOUND,
+                          COMPUTE_BOUND,
+                          DEVICES,
+                          MEMORY_BOUND,
+                          DeviceSpec,
+                          Roofline,
+                          device_spec,
 )
-from ._roofline import (COMM_BOUND, COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline,
-                        device_spec)
-from ._torch_mode import FlopCounterMode
-from .counter import FlopCounter
+from dispatch_flops.results.stats import (
+                          BACKWARD,
+                          COMMUNICATION,
+                          ESTIMATED,
+                          EXACT,
+                          FORWARD,
+                          GLOBAL,
+                          NO_ARITHMETIC,
+                          OPTIMIZER,
+                          OTHER,
+                          PHASES,
+                          RECOMPUTE,
+                          ROOT,
+                          UNSUPPORTED,
+                          Coverage,
+                          ModuleStats,
+                          OpRecord,
+                          Stats,
+)
+from dispatch_flops.workflows.generation import (
+                          DECODE,
+                          ENCODER,
+                          PREFILL,
+                          GenerationProfile,
+                          GenerationRoofline,
+                          StepCost,
+                          profile_generate,
+)
+from dispatch_flops.workflows.repeat import profile
 
 __version__ = "0.1.0"
 

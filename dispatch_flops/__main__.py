@@ -15,10 +15,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from . import FlopCounter, FlopsProfiler, profile
-from ._report import terminal_width
-from .counter import ATTENTION_MODES
-from .models import GPT, GPTConfig
+from dispatch_flops import FlopCounter, FlopsProfiler, profile
+from dispatch_flops.counter import ATTENTION_MODES
+from dispatch_flops.models import GPT, GPTConfig
+from dispatch_flops.views.table import terminal_width
 
 EXAMPLES = """\
 examples:

@@ -16,17 +16,21 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from dispatch_flops.engine import compiled as _compiled
+from dispatch_flops.engine.meta import MetaRunner
+from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
+from dispatch_flops.engine.records import Captured, engine_cache
+from dispatch_flops.engine.timing import Relay, Relayed, Timer, cuda_index
+from dispatch_flops.engine.trace import is_tracing, new_timer, trace_events
+from dispatch_flops.engine.tracker import (
+    LEDGERS_LOCK,
+    ModuleTracker,
+    ledger_for,
+    suspendable,
+)
 from dispatch_flops.formulas import REGISTRY, Registry
-
-from . import _compiled
-from ._meta import MetaRunner
-from ._mode import CountingMode, GuardedCountingMode, exit_mode
-from ._profile import ModuleFacts, Profile, RunFacts
-from ._records import Captured, engine_cache
-from ._results import GLOBAL
-from ._timing import Relay, Relayed, Timer, cuda_index
-from ._trace import is_tracing, new_timer, trace_events
-from ._tracker import LEDGERS_LOCK, ModuleTracker, ledger_for, suspendable
+from dispatch_flops.results.profile import ModuleFacts, Profile, RunFacts
+from dispatch_flops.results.stats import GLOBAL
 
 ATTENTION_MODES = ("dense", "causal")
 _compiled.install()  # graphs dynamo compiles from now on count when a counter runs

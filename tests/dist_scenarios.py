@@ -60,8 +60,11 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
 def _scenarios(rank: int, n: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     out: dict = {}
     mesh = init_device_mesh("cpu", (n,))

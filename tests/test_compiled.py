@@ -12,8 +12,7 @@ from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter
-from dispatch_flops._compiled import has_ignore_compile_internals
-
+from dispatch_flops.engine.compiled import has_ignore_compile_internals
 from helpers import tiny_gpt, tiny_ids
 
 # torch >= 2.9: compiled code runs under the counter (counted through its graphs); older torch
@@ -195,7 +194,7 @@ def test_graphs_outside_a_counter_cost_one_call():
     assert (list(callback_handler.start_callbacks), list(callback_handler.end_callbacks)) \
         == before
     assert not torch.nn.modules.module._global_forward_pre_hooks
-    from dispatch_flops import _compiled
+    from dispatch_flops.engine import compiled as _compiled
     assert not _compiled.ACTIVE
 
 
@@ -206,8 +205,9 @@ def test_graphs_run_with_no_counting_mode_and_other_modes_kept(monkeypatch):
     twice): matmuls never reach the counting mode, yet counts equal eager's. A user's mode
     below the counter and one above it keep seeing those kernels, and the stack is the same
     after the step (and after a graph that raises)."""
-    from dispatch_flops import _mode
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from dispatch_flops.engine import mode as _mode
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
@@ -259,7 +259,7 @@ def test_graph_runs_are_timed_whole_and_fused_modules_have_no_time():
     the modules inside the graph have no time of their own: ``latency_s`` None, and the table
     says ``in graph`` instead of a zero. Runs add up over merged steps and survive JSON."""
     from dispatch_flops import Profile
-    from dispatch_flops._report import IN_GRAPH
+    from dispatch_flops.views.table import IN_GRAPH
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Sequential(nn.Linear(32, 8)))

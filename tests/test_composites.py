@@ -7,10 +7,11 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dispatch_flops import FlopCounter
-from dispatch_flops._mode import _decomposable
+from dispatch_flops.engine.mode import _decomposable
 from dispatch_flops.formulas import REGISTRY
 
 dim = st.integers(1, 5)

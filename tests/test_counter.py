@@ -7,10 +7,14 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 from torch.nn.modules import module as module_globals
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
+)
 
 from dispatch_flops import ROOT, Cost, FlopCounter, Stats, has_formula, register_formula
 from dispatch_flops.formulas import Registry

@@ -8,10 +8,12 @@ import tracemalloc
 
 import pytest
 import torch
+from fake_cuda import TICK_NS, FakeCuda, HostDevices
 from torch import nn
 
-from dispatch_flops import FlopCounter, _mode, _timing
-from fake_cuda import TICK_NS, FakeCuda, HostDevices
+from dispatch_flops import FlopCounter
+from dispatch_flops.engine import mode as _mode
+from dispatch_flops.engine import timing as _timing
 
 
 @pytest.fixture

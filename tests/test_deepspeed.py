@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.multiprocessing as mp
+from bert import BertModel
 from torch import nn
 from torch.nn.modules import module as module_globals
 from torch.optim import optimizer as optimizer_globals
 
-from bert import BertModel
+import helpers
 from dispatch_flops import (
     BACKWARD,
     FORWARD,
@@ -25,9 +26,8 @@ from dispatch_flops import (
     get_model_profile,
     human,
 )
-import helpers
-from dispatch_flops._format import duration
 from dispatch_flops.models import GPT, MLP, GPTConfig
+from dispatch_flops.results.format import duration
 
 TINY = GPTConfig(n_layer=2, d_model=32, n_head=2, vocab_size=64, max_seq_len=16)
 

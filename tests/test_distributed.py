@@ -10,12 +10,12 @@ import math
 import socket
 import time
 
+import dist_scenarios
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-import dist_scenarios
 from dist_scenarios import BATCH, D, H
+
 from dispatch_flops import COMM_BOUND, DEVICES, Profile, Stats
 from dispatch_flops.distributed import gather, gathered
 
@@ -189,8 +189,9 @@ def test_deepspeed_printout_reads_the_device_mesh(world):
 def test_gathered_profiles_and_cross_rank_mfu():
     """``gathered`` sums rank Profiles, keeps them, takes the longest wall; MFU across ranks
     is the summed model flops / (wall x world x peak); bad calls raise ValueError."""
-    from dispatch_flops import FlopCounter
     from torch import nn
+
+    from dispatch_flops import FlopCounter
 
     model = nn.Linear(8, 8)
     runs = []

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from dispatch_flops import ROOT, FlopCounter, Profile, Stats, profile
-from dispatch_flops import _trace
-from dispatch_flops._results import PHASES
+from dispatch_flops.engine import trace as _trace
 from dispatch_flops.export import COLUMNS, rows
+from dispatch_flops.results.stats import PHASES
 from helpers import TINY, step, tiny_gpt, tiny_ids
 
 

@@ -6,7 +6,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from dispatch_flops.formulas import ELEMENT_COSTS
 from helpers import ours

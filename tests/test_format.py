@@ -1,7 +1,7 @@
 """The one number formatter: DeepSpeed's compact style next to the fixed one."""
 
 from dispatch_flops import human
-from dispatch_flops._format import duration, percent
+from dispatch_flops.results.format import duration, percent
 
 
 def test_compact_numbers_print_as_deepspeed_does():

@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from dispatch_flops.formulas import ELEMENT_COSTS
 from dispatch_flops.formulas.attention import attention_pairs

@@ -4,7 +4,8 @@ the foreach and single-tensor loops."""
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from dispatch_flops import FlopCounter

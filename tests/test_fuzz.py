@@ -5,10 +5,11 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from dispatch_flops import FlopCounter
-from dispatch_flops._results import CATEGORIES
+from dispatch_flops.results.stats import CATEGORIES
 
 OPS = {
     "exp": lambda a, b: a.exp(), "add": lambda a, b: a + b, "mul_": lambda a, b: a.mul_(2),

@@ -9,12 +9,27 @@ import torch
 from torch.nn.modules.module import _global_forward_pre_hooks
 
 transformers = pytest.importorskip("transformers")
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig,  # noqa: E402
-                          LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, T5Config,
-                          T5ForConditionalGeneration)
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 
-from dispatch_flops import (COMPUTE_BOUND, DECODE, DEVICES, MEMORY_BOUND,  # noqa: E402
-                            PREFILL, FlopCounter, Profile, profile_generate)
+from dispatch_flops import (  # noqa: E402
+    COMPUTE_BOUND,
+    DECODE,
+    DEVICES,
+    MEMORY_BOUND,
+    PREFILL,
+    FlopCounter,
+    Profile,
+    profile_generate,
+)
 
 LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,

@@ -145,8 +145,10 @@ def test_counters_exited_out_of_order_each_count_their_block():
     model(X)
     b.__exit__(None, None, None)
     assert a.total.flops == 2 * once and b.total.flops == 2 * once
-    from torch.utils._python_dispatch import (_get_current_dispatch_mode_stack,
-                                              is_in_torch_dispatch_mode)
+    from torch.utils._python_dispatch import (
+        _get_current_dispatch_mode_stack,
+        is_in_torch_dispatch_mode,
+    )
     assert _get_current_dispatch_mode_stack() == [] and not is_in_torch_dispatch_mode()
     assert one_call(model) == once
 
@@ -273,8 +275,11 @@ def test_sparse_elementwise_never_crashes_and_is_not_priced_dense():
 
 def test_symbolic_sizes_count_by_their_hints():
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
-                                                       StatelessSymbolicContext)
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
 
     def work(x, w):
         return (x @ w).relu().sum()
@@ -371,7 +376,7 @@ def test_a_run_that_cannot_be_written_leaves_the_old_file(tmp_path, monkeypatch)
     path = tmp_path / "run.json"
     fc.to_json(path)
     good = path.read_text()
-    import dispatch_flops._profile as profile_module
+    import dispatch_flops.results.profile as profile_module
 
     monkeypatch.setattr(profile_module.Profile, "to_dict",
                         lambda self: {"x": object()})  # not serialisable

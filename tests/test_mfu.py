@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dispatch_flops import DeviceSpec, FlopCounter, Profile
-from dispatch_flops._roofline import DEVICES
+from dispatch_flops.results.roofline import DEVICES
 
 G = 1e9
 # a device whose dtypes have different peaks, so a wrong choice shows in the figure

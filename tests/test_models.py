@@ -1,8 +1,8 @@
 """Whole-model figures: GPT-2 small and BERT-base, batch 1, 128 tokens."""
 
 import torch
-
 from bert import BertModel
+
 from dispatch_flops import ROOT, FlopCounter, human
 from dispatch_flops.models import GPT, GPT2_SMALL
 

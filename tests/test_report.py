@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from dispatch_flops import GLOBAL, OTHER, ROOT, FlopCounter
-from dispatch_flops._report import COLUMN_KEYS, NEVER_CALLED
+from dispatch_flops.views.table import COLUMN_KEYS, NEVER_CALLED
 from helpers import step, tiny_gpt, tiny_ids
 
 

@@ -93,7 +93,10 @@ def test_optimizer_steps_counted_in_their_phase():
     element plus 1 per tensor (its step count), the same for foreach, loop and fused; SGD
     with momentum = sgd_step + 2 once the buffer exists. The hooks are gone afterwards; only
     the profiler's record_function enter/exit, which step() runs around its hooks, stay out."""
-    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+    from torch.optim.optimizer import (
+        _global_optimizer_post_hooks,
+        _global_optimizer_pre_hooks,
+    )
 
     from dispatch_flops.formulas import ELEMENT_COSTS
 
@@ -208,7 +211,7 @@ def test_meta_runner_changes_nothing_but_speed(monkeypatch):
 def test_meta_runner_runs_mutating_aliasing_and_real_ops_for_real():
     from types import SimpleNamespace
 
-    from dispatch_flops._meta import MetaRunner
+    from dispatch_flops.engine.meta import MetaRunner
 
     class Runner(MetaRunner):  # the mode hands runners its resolution of the op
         def run(self, op, args, kwargs):

@@ -7,9 +7,9 @@ from typing import Optional
 
 from torch import nn
 
-from .._results import check_int
-from .._roofline import DeviceSpec, device_spec
-from ..counter import FlopCounter
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.results.roofline import DeviceSpec, device_spec
+from dispatch_flops.results.stats import check_int
 
 METRICS = ("model_flops", "hardware_flops", "tokens_per_s", "mfu", "hfu")
 

@@ -14,8 +14,8 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback
 
-from .._roofline import DeviceSpec
-from ._sampler import METRICS, StepSampler
+from dispatch_flops.integrations._sampler import METRICS, StepSampler
+from dispatch_flops.results.roofline import DeviceSpec
 
 __all__ = ["FlopsCallback", "METRICS"]
 

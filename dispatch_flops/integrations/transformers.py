@@ -14,8 +14,8 @@ from typing import Optional
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
-from .._roofline import DeviceSpec
-from ._sampler import METRICS, StepSampler
+from dispatch_flops.integrations._sampler import METRICS, StepSampler
+from dispatch_flops.results.roofline import DeviceSpec
 
 __all__ = ["FlopsCallback", "METRICS"]
 

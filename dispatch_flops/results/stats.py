@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Iterable, Mapping, Optional
 
-from ._format import duration, human
+from dispatch_flops.results.format import duration, human
 
 ROOT = ""  # the root model's key in by_module(); without a model, everything is charged here
 # the root's one name wherever it is shown (tables, plots, reprs, the CLI): the model's class

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ._results import ROOT, depth_of
+from dispatch_flops.results.stats import ROOT, depth_of
 
 GLOBAL = "Global"  # torch's key for everything counted in the block
 _SUFFIXES = ("", "K", "M", "B", "T")  # torch's table units

@@ -19,10 +19,23 @@ from typing import Callable, Optional, Sequence
 
 from tabulate import tabulate
 
-from ._format import duration, human
-from ._results import (BACKWARD, COMMUNICATION, ESTIMATED, EXACT, FORWARD, NO_ARITHMETIC,
-                       OPTIMIZER, OTHER, PHASES, MODEL_PHASES, RECOMPUTE, ROOT, UNSUPPORTED,
-                       depth_of)
+from dispatch_flops.results.format import duration, human
+from dispatch_flops.results.stats import (
+    BACKWARD,
+    COMMUNICATION,
+    ESTIMATED,
+    EXACT,
+    FORWARD,
+    MODEL_PHASES,
+    NO_ARITHMETIC,
+    OPTIMIZER,
+    OTHER,
+    PHASES,
+    RECOMPUTE,
+    ROOT,
+    UNSUPPORTED,
+    depth_of,
+)
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
 NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._skip import SKIP_FRAMES
+from dispatch_flops.engine.skip import SKIP_FRAMES
 
 FOLD_EVERY = 64  # pairs queued on a stream between two looks at which have completed
 

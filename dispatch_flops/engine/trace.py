@@ -14,12 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Optional
+
 import torch
 
-from ._records import CATEGORY_NAMES, SIGNATURE, PricingError, bytes_only
-from ._results import FORWARD, PHASES, PRICED
-from ._timing import CudaTimer, Timer
-from ._timing import new_timer as timing_new_timer
+from dispatch_flops.engine.records import (
+    CATEGORY_NAMES,
+    SIGNATURE,
+    PricingError,
+    bytes_only,
+)
+from dispatch_flops.engine.timing import CudaTimer, Timer
+from dispatch_flops.engine.timing import new_timer as timing_new_timer
+from dispatch_flops.results.stats import FORWARD, PHASES, PRICED
 
 TRACE_LIMIT = 200_000  # events kept per counter (op calls + module calls); later ones dropped
 

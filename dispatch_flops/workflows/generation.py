@@ -30,10 +30,16 @@ from tabulate import tabulate
 from torch import Tensor, nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from ._format import duration, human
-from ._profile import Profile, since
-from ._roofline import COMPUTE_BOUND, DEVICES, MEMORY_BOUND, DeviceSpec, Roofline
-from .counter import FlopCounter
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.results.format import duration, human
+from dispatch_flops.results.profile import Profile, since
+from dispatch_flops.results.roofline import (
+    COMPUTE_BOUND,
+    DEVICES,
+    MEMORY_BOUND,
+    DeviceSpec,
+    Roofline,
+)
 
 ENCODER, PREFILL, DECODE = "encoder", "prefill", "decode"
 # a step's new positions: the first of these its call was given (args[0] otherwise)

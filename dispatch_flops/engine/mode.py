@@ -21,16 +21,29 @@ from torch.utils._python_dispatch import (
     _push_mode,
 )
 
-from dispatch_flops.formulas import ZERO_COST, Category, Cost, Movement, Registry
-
-from ._skip import SKIP_FRAMES as _SKIP_FRAMES
-from dispatch_flops.formulas import SparseInfo
-
-from ._records import CALLS, NS, SIGNATURE, PricingError, Signature, engine_cache
-from ._results import PRICED
-from ._tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
-from ._tracker import RECOMPUTE_I, phase_of
-from ._tracker import top_saved_tensors_hooks as _top_saved_tensors_hooks
+from dispatch_flops.engine.records import (
+    CALLS,
+    NS,
+    SIGNATURE,
+    PricingError,
+    Signature,
+    engine_cache,
+)
+from dispatch_flops.engine.skip import SKIP_FRAMES as _SKIP_FRAMES
+from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
+from dispatch_flops.engine.tracker import RECOMPUTE_I, phase_of
+from dispatch_flops.engine.tracker import (
+    top_saved_tensors_hooks as _top_saved_tensors_hooks,
+)
+from dispatch_flops.formulas import (
+    ZERO_COST,
+    Category,
+    Cost,
+    Movement,
+    Registry,
+    SparseInfo,
+)
+from dispatch_flops.results.stats import PRICED
 
 # the hot path builds records as literals, [0, 0, signature], and indexes them with literals
 # (a global's load per op is measurable): in the order named here

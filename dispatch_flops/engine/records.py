@@ -26,8 +26,7 @@ from operator import itemgetter
 from typing import Optional
 
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
-
-from ._results import COUNTS, PHASES, PRICED, UNSUPPORTED
+from dispatch_flops.results.stats import COUNTS, PHASES, PRICED, UNSUPPORTED
 
 CALLS, NS, SIGNATURE = range(3)
 ROW = COUNTS + ("ns",)  # a row's counts: every Stats count, then measured ns

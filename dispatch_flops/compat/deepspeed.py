@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._activations import ActivationRecorder
-from ._deepspeed_report import ProfileView, World
-from ._format import duration, human
-from ._results import FORWARD, ROOT, check_int
-from .counter import FlopCounter
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.engine.activations import ActivationRecorder
+from dispatch_flops.results.format import duration, human
+from dispatch_flops.results.stats import FORWARD, ROOT, check_int
+from dispatch_flops.views.deepspeed import ProfileView, World
 
 
 def _ignored_types(ignore_list) -> tuple:
@@ -246,7 +246,7 @@ class FlopsProfiler:
         if engine is None and not initialised:
             return None
         if engine is None and self._mp_size is None:  # DTensor / FSDP2: the device mesh's
-            from .distributed import mesh_sizes
+            from dispatch_flops.workflows.distributed import mesh_sizes
             sizes = mesh_sizes(self.model)
             if sizes is not None:
                 return World(*sizes)

@@ -14,9 +14,17 @@ from typing import Optional
 
 from torch import nn
 
-from ._format import duration, human, percent
-from ._results import (BACKWARD, FORWARD, NO_ARITHMETIC, OPTIMIZER, RECOMPUTE, ROOT, Stats,
-                       depth_of)
+from dispatch_flops.results.format import duration, human, percent
+from dispatch_flops.results.stats import (
+    BACKWARD,
+    FORWARD,
+    NO_ARITHMETIC,
+    OPTIMIZER,
+    RECOMPUTE,
+    ROOT,
+    Stats,
+    depth_of,
+)
 
 _WIDTH = 60  # DeepSpeed's "{:<60}  {:<8}" summary lines
 _RULE = "-" * 78

@@ -16,7 +16,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-from ._results import Stats
+from dispatch_flops.results.stats import Stats
 
 COMPUTE_BOUND = "compute-bound"
 MEMORY_BOUND = "memory-bound"

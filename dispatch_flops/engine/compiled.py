@@ -57,12 +57,11 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
+from torch.utils._python_dispatch import _pop_mode, _push_mode
 
-from torch.utils._python_dispatch import (_get_current_dispatch_mode_stack as _mode_stack,
-                                          _pop_mode, _push_mode)
-
-from ._records import CALLS, NS
-from ._results import PHASES, ROOT
+from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.results.stats import PHASES, ROOT
 
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)

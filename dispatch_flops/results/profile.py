@@ -27,10 +27,10 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import export
-from ._records import ROW
-from ._report import module_table
-from ._results import (
+from dispatch_flops.compat.torch_getters import TorchCompat
+from dispatch_flops.engine.records import ROW
+from dispatch_flops.results.roofline import DEVICES, DeviceSpec, Roofline, device_spec
+from dispatch_flops.results.stats import (
     BACKWARD,
     CATEGORIES,
     COUNTS,
@@ -48,8 +48,8 @@ from ._results import (
     credited,
     frozen_mapping,
 )
-from ._roofline import DEVICES, DeviceSpec, Roofline, device_spec
-from ._torch_compat import TorchCompat
+from dispatch_flops.views import export
+from dispatch_flops.views.table import module_table
 
 SCHEMA_VERSION = 2  # of to_dict() / to_json(): docs/schema.md; bump on a breaking change
 
@@ -624,7 +624,7 @@ class Profile(TorchCompat):
         parameters, counts in human units and % of total. It fits ``width`` characters (the
         terminal's, 100 when output is not a terminal) by abbreviating headers, dropping the
         least needed columns, then shortening module names; ``columns`` (keys of
-        ``dispatch_flops._report.COLUMN_KEYS``, in order) picks them instead. ``ops=k``
+        ``dispatch_flops.views.table.COLUMN_KEYS``, in order) picks them instead. ``ops=k``
         lists each module's k operators with the most flops under its row. ``ranks=True``
         (a gathered Profile) adds min / max over ranks columns."""
         if ranks and not self.ranks:

@@ -30,14 +30,21 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from ._records import CALLS, NS
-from ._skip import SKIP_FRAMES
-from ._timing import Timer
-from ._results import (BACKWARD, FORWARD, OPTIMIZER, OTHER, PHASES, RECOMPUTE, ROOT,
-                       static_prefixes)
+from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.engine.skip import SKIP_FRAMES
+from dispatch_flops.engine.timing import Timer
+from dispatch_flops.results.stats import (
+    BACKWARD,
+    FORWARD,
+    OPTIMIZER,
+    OTHER,
+    PHASES,
+    RECOMPUTE,
+    ROOT,
+    static_prefixes,
+)
 
 _ns = itemgetter(NS)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number

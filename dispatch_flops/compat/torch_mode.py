@@ -24,10 +24,10 @@ import torch
 import torch.utils.flop_counter as torch_flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._results import ROOT
-from ._torch_compat import GLOBAL, torch_flop_counts, torch_table
-from ._tracker import ACCUMULATE_GRAD_SEQ
-from .counter import FlopCounter
+from dispatch_flops.compat.torch_getters import GLOBAL, torch_flop_counts, torch_table
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ
+from dispatch_flops.results.stats import ROOT
 
 _current_node = torch._C._current_autograd_node
 _COMPOSITE = "CompositeImplicitAutograd"

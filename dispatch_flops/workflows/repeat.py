@@ -12,9 +12,9 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from ._profile import Profile
-from ._results import check_int
-from .counter import FlopCounter
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.results.profile import Profile
+from dispatch_flops.results.stats import check_int
 
 
 def profile(
