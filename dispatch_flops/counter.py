@@ -1,7 +1,7 @@
 """FlopCounter: a counting session. Options, enter and exit, and its result: a ``Profile``.
 
-Every view (``total``, ``by_module()``, ``table()``, exports, ...) is the Profile's; the
-counter hands each call to ``to_profile()``. See docs/architecture.md for the way an op takes
+Every view (``total``, ``by_module()``, ``table()``, exports, ...) is ``ProfileViews``', the
+same methods a Profile has, read from ``to_profile()``. See docs/architecture.md for the way an op takes
 from the dispatch mode to a view.
 """
 
@@ -29,14 +29,17 @@ from dispatch_flops.engine.tracker import (
     suspendable,
 )
 from dispatch_flops.formulas import REGISTRY, Registry
-from dispatch_flops.results.profile import ModuleFacts, Profile, RunFacts
+from dispatch_flops.results.facts import ModuleFacts, RunFacts
+from dispatch_flops.results.profile import Profile
+from dispatch_flops.results.queries import ProfileViews
+from dispatch_flops.results.schema import PathLike
 from dispatch_flops.results.stats import GLOBAL
 
 ATTENTION_MODES = ("dense", "causal")
 _compiled.install()  # graphs dynamo compiles from now on count when a counter runs
 
 
-class FlopCounter:
+class FlopCounter(ProfileViews):
     """Counts the flops, MACs and bytes of every aten op run inside the block, attributed to
     the modules of ``model`` that ran them, forward and backward.
 
@@ -290,24 +293,16 @@ class FlopCounter:
         self._timer.resolve()
         return self._wall[0] / 1e9
 
-    @property
-    def total(self):
-        """Everything counted, all phases (``Profile.total``)."""
-        return self.to_profile().total
-
-    def __str__(self) -> str:
-        return self.to_profile().table()
-
-    def to_chrome_trace(self, path) -> None:
+    def to_chrome_trace(self, path: PathLike) -> None:
         """Module calls and op calls on their timeline, as Trace Event Format JSON for
         Perfetto (ui.perfetto.dev) or chrome://tracing. Needs ``trace=True``; read after the
         block."""
         if self._active and self.trace:
             raise ValueError("the trace is read after the with block")
-        self.to_profile().to_chrome_trace(path)
+        super().to_chrome_trace(path)
 
     @classmethod
-    def from_json(cls, path) -> Profile:
+    def from_json(cls, path: PathLike) -> Profile:
         """The ``Profile`` a ``to_json`` file holds (``Profile.from_json``): every view,
         export and plot works on it."""
         return Profile.from_json(path)
@@ -357,26 +352,3 @@ def _user_frame():
             "dispatch_flops."):
         frame = frame.f_back
     return frame
-
-
-# Every other view is the Profile's, asked through to_profile(): the counter keeps them so
-# that code written against it reads on unchanged.
-_VIEWS = ("records", "by_phase", "model_flops", "hardware_flops", "by_operator", "by_module",
-          "module_names", "module_types", "unsupported_ops", "estimated_ops", "coverage",
-          "top_ops_by_time", "top_modules_by_time", "roofline_by_operator",
-          "roofline_by_module", "mfu", "hfu", "mfu_text", "hfu_text", "flops_by_dtype",
-          "table", "to_dict", "to_json", "to_csv", "to_dataframe", "get_total_flops",
-          "get_flop_counts", "get_table")
-
-
-def _delegate(name: str):
-    def view(self, *args, **kwargs):
-        return getattr(self.to_profile(), name)(*args, **kwargs)
-
-    view.__name__ = view.__qualname__ = name
-    view.__doc__ = getattr(Profile, name).__doc__
-    return view
-
-
-for _name in _VIEWS:
-    setattr(FlopCounter, _name, _delegate(_name))

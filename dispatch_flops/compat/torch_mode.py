@@ -24,10 +24,12 @@ import torch
 import torch.utils.flop_counter as torch_flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dispatch_flops.compat.torch_getters import GLOBAL, torch_flop_counts, torch_table
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ
 from dispatch_flops.results.stats import ROOT
+from dispatch_flops.results.torch_figures import TORCH_GLOBAL as GLOBAL
+from dispatch_flops.results.torch_figures import torch_flop_counts
+from dispatch_flops.views.torch_table import torch_table
 
 _current_node = torch._C._current_autograd_node
 _COMPOSITE = "CompositeImplicitAutograd"

@@ -26,10 +26,10 @@ from operator import itemgetter
 from typing import Optional
 
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
-from dispatch_flops.results.stats import COUNTS, PHASES, PRICED, UNSUPPORTED
+from dispatch_flops.results.rows import ROW, RowKey
+from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
 CALLS, NS, SIGNATURE = range(3)
-ROW = COUNTS + ("ns",)  # a row's counts: every Stats count, then measured ns
 _FLOPS = PRICED.index("flops")
 
 _calls = itemgetter(CALLS)
@@ -206,8 +206,8 @@ class Layout:
                     row = rows.get(row_key)
                     if row is None:
                         row = rows[row_key] = len(self.keys)
-                        self.keys.append((frame.stack, phase, str(func.overloadpacket),
-                                          str(func), category, dtype))
+                        self.keys.append(RowKey(frame.stack, phase, str(func.overloadpacket),
+                                                str(func), category, dtype))
                     self.row_of[i] = row
 
     def _failed(self, error: str) -> None:

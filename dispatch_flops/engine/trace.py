@@ -11,7 +11,6 @@ belongs to. Formulas are priced then too, once per signature, as ``records()`` d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Optional
 
@@ -26,12 +25,10 @@ from dispatch_flops.engine.records import (
 from dispatch_flops.engine.timing import CudaTimer, Timer
 from dispatch_flops.engine.timing import new_timer as timing_new_timer
 from dispatch_flops.results.stats import FORWARD, PHASES, PRICED
+from dispatch_flops.results.timeline import BLOCK, MODULE, OP, TraceEvent
 
 TRACE_LIMIT = 200_000  # events kept per counter (op calls + module calls); later ones dropped
 
-OP = "op"  # one op call
-MODULE = "module"  # one forward call of a module, hook to hook
-BLOCK = "block"  # the whole ``with`` block
 
 
 class _Tracing:
@@ -111,27 +108,6 @@ def new_timer(trace: bool, devices=(), limit: Optional[int] = None) -> Timer:
 
 def is_tracing(timer) -> bool:
     return isinstance(timer, _Tracing)
-
-
-@dataclass(frozen=True)
-class TraceEvent:
-    """One slice of the timeline. ``start_ns``/``end_ns`` count from the counter's entry.
-    Op events carry that one call's counts; module and block events carry zeros (the trace
-    writer sums the ops inside them)."""
-
-    kind: str  # OP, MODULE or BLOCK
-    name: str  # operator packet ("aten.mm"), module name, or the root label for a block
-    phase: str
-    stack: tuple  # running module stack, root first
-    start_ns: int
-    end_ns: int
-    overload: str = ""
-    category: str = ""
-    flops: int = 0
-    macs: int = 0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    comm_bytes: int = 0  # a collective's bytes on the wire
 
 
 def trace_events(timer: _Tracing, ledger, resolutions: dict, label: str

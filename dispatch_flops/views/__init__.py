@@ -1,0 +1,37 @@
+"""The views room: text, files and figures made from a Profile (the module table, CSV, the
+DataFrame, the Chrome trace, torch's and DeepSpeed's printouts, plots). Importing it installs
+the presenter through which ``Profile.table()`` and the other output methods reach it
+(``results.present``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from dispatch_flops.results import present
+from dispatch_flops.results.profile import Profile
+from dispatch_flops.results.schema import PathLike
+from dispatch_flops.views import export, table, torch_table
+
+
+class _Views:
+    """The views room's ``results.present.Presenter``."""
+
+    def table(self, profile: Profile, depth: int, *, columns: Optional[Sequence[str]],
+              width: Optional[int], ops: int, ranks: bool) -> str:
+        return table.module_table(profile, depth, columns=columns, width=width, ops=ops,
+                                  ranks=ranks)
+
+    def torch_table(self, flop_counts: dict, depth: Optional[int]) -> str:
+        return torch_table.torch_table(flop_counts, depth)
+
+    def write_csv(self, profile: Profile, path: PathLike) -> None:
+        export.write_csv(profile, path)
+
+    def dataframe(self, profile: Profile) -> Any:
+        return export.dataframe(profile)
+
+    def write_chrome_trace(self, profile: Profile, path: PathLike) -> None:
+        export.write_chrome_trace(profile, path)
+
+
+present.install(_Views())

@@ -16,12 +16,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from collections import defaultdict
-from typing import Union
 
-from dispatch_flops.engine.trace import BLOCK, MODULE, OP, TraceEvent
+from dispatch_flops.results.schema import PathLike, write_text
 from dispatch_flops.results.stats import (
     COUNTS,
     FORWARD,
@@ -31,8 +28,7 @@ from dispatch_flops.results.stats import (
     Stats,
     depth_of,
 )
-
-PathLike = Union[str, "os.PathLike[str]"]
+from dispatch_flops.results.timeline import BLOCK, MODULE, OP, TraceEvent
 
 _STATS = COUNTS + ("latency_s",)
 # to_csv / to_dataframe: one row per module x phase x operator. The unprefixed counts are
@@ -40,21 +36,6 @@ _STATS = COUNTS + ("latency_s",)
 # directly, so exclusive_* columns sum to the run's totals over all rows.
 COLUMNS = (("module", "depth", "phase", "operator", "category") + _STATS
            + tuple(f"exclusive_{s}" for s in _STATS))
-
-
-def write_text(path: PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, renamed
-    over it once written (an error leaves any earlier file as it was)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dispatch_flops-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _profile_of(run):

@@ -57,8 +57,7 @@ def gather(run, dst: int = 0, group=None, *, timeout: float = 300.0) -> Optional
     prefix = f"dispatch_flops/gather/{name}/{round_}/"
     store = dist.distributed_c10d._get_default_store()
     if profile.run.rank is None:
-        profile = Profile(profile._rows, profile.module_facts,
-                          replace(profile.run, rank=rank, world_size=len(ranks)))
+        profile = profile.replace(run=replace(profile.run, rank=rank, world_size=len(ranks)))
     store.set(prefix + str(rank), json.dumps(profile.to_dict()))
     if rank != dst:
         return None
@@ -88,8 +87,7 @@ def gathered(profiles) -> Profile:
     run = replace(merged.run, steps=profiles[0].steps, rank=None, world_size=len(profiles),
                   wall_s=None if None in walls else max(walls),
                   dtensor_ops=profiles[0].run.dtensor_ops)
-    facts = merged.module_facts
-    return Profile(merged._rows, facts, run, parts=merged.parts, ranks=tuple(profiles))
+    return merged.replace(run=run, ranks=tuple(profiles))
 
 
 _DATA_PARALLEL_DIMS = ("dp", "dp_shard", "dp_replicate", "fsdp", "hsdp", "ddp", "data",

@@ -4,7 +4,7 @@ A *step* is one call of the model's forward that is not inside another: the firs
 prefill (the prompt), every later one a decode step (one new token per sequence; per beam
 step for beam search). One counter runs for the whole generation; a snapshot of its counts
 (``FlopCounter.to_profile()`` inside the block) is taken as each step begins and ends, and a
-step's Profile is the difference (``_profile.since``). An encoder-decoder model's encoder,
+step's Profile is the difference (``results.combine.since``). An encoder-decoder model's encoder,
 called by ``generate`` before the first step, is its own part (``encoder``); what runs between
 steps (sampling, logits processors, stopping criteria) is ``outside``.
 
@@ -31,8 +31,9 @@ from torch import Tensor, nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from dispatch_flops.counter import FlopCounter
+from dispatch_flops.results.combine import since
 from dispatch_flops.results.format import duration, human
-from dispatch_flops.results.profile import Profile, since
+from dispatch_flops.results.profile import Profile
 from dispatch_flops.results.roofline import (
     COMPUTE_BOUND,
     DEVICES,
@@ -212,8 +213,7 @@ class _Steps:
         earlier, start = self.before
         part = since(self._snapshot(), earlier)
         if self.timing:
-            part = Profile(part._rows, part.module_facts,
-                           replace(part.run, wall_s=(end - start) / 1e9))
+            part = part.replace(run=replace(part.run, wall_s=(end - start) / 1e9))
         self.parts.append((kind, part, facts))
         self.running = self.before = None
 
@@ -318,8 +318,8 @@ class GenerationProfile:
         outside = total
         for _, p, _ in parts:
             outside = since(outside, p)
-        outside = Profile(outside._rows, replace(outside.module_facts, calls={}, spans={}),
-                          replace(outside.run, wall_s=None))
+        outside = outside.replace(module_facts=replace(outside.module_facts, calls={}, spans={}),
+                                  run=replace(outside.run, wall_s=None))
         return cls(total, encoder, tuple(p for p, _ in steps), tuple(f for _, f in steps),
                    outside)
 

@@ -1,0 +1,59 @@
+"""What a Profile knows besides its rows: ``ModuleFacts`` (the model's modules, as the run saw
+them) and ``RunFacts`` (the run: model, options, device, dtype, time, steps, rank). How each
+field combines across runs is ``combine``'s table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from dispatch_flops.results.stats import GLOBAL, ROOT
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What a run knew of the model's modules. ``names`` in ``named_modules()`` order (the
+    root, ``""``, alone without a model); ``types`` and ``params`` parallel to it; ``calls``
+    and ``spans`` (ns inside forward calls, timing on) by name; ``saved`` (bytes saved for
+    backward, ``saved_activations=True``) by the module stack that saved them."""
+
+    names: tuple = (ROOT,)
+    types: tuple = ("",)
+    params: tuple = (0,)
+    calls: dict = field(default_factory=dict)
+    spans: dict = field(default_factory=dict)
+    saved: dict = field(default_factory=dict)
+    # compiled graphs (torch.compile): {stack of the module that ran them: (runs, forward ns,
+    # backward ns)} (ns with timing on), and the modules whose forward ran inside one (their
+    # own time does not exist: the graph runs fused kernels; see Profile.in_graphs)
+    graph_runs: dict = field(default_factory=dict)
+    in_graphs: tuple = ()
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run was: the model's label, the counter's options, the device and dtype, the
+    block's wall time (timing on), the steps it holds (``merge`` adds them), and the rank and
+    world size (``None`` outside ``torch.distributed``). ``dtensor_ops``: the DTensor-level
+    calls the rank's counts unwrap, at their global (logical) shapes: ``(overload, shapes,
+    calls, flops, macs)`` each (see ``Profile.logical``)."""
+
+    model: str = GLOBAL  # the root's label: the model's class name
+    has_model: bool = False
+    attention: str = "dense"
+    timing: bool = False
+    saved_activations: bool = False
+    repeats: int = 1
+    wall_s: Optional[float] = None
+    steps: int = 1
+    dtype: str = "float32"
+    device: Optional[str] = None
+    device_name: Optional[str] = None
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    # formulas that failed on some call (their calls are reported unsupported), one line each
+    pricing_errors: tuple = ()
+    dtensor_ops: tuple = ()
+    # torch.backends.cuda.matmul.allow_tf32 when the block began: fp32 matmuls run on tf32
+    # tensor cores, and MFU divides their flops by the tf32 peak
+    allow_tf32: bool = False

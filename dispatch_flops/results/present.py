@@ -1,0 +1,43 @@
+"""The port through which a Profile's text and file views are made.
+
+Tables, CSV, DataFrames and traces are the views room's work (``dispatch_flops.views``), and
+the results room never imports it: ``ProfileViews.table()`` and the other output methods ask
+the ``Presenter`` that ``dispatch_flops.views`` installs here when it is imported (importing
+``dispatch_flops`` does). The method signatures and docstrings stay on ``ProfileViews``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from dispatch_flops.results.profile import Profile
+    from dispatch_flops.results.schema import PathLike
+
+
+class Presenter(Protocol):
+    def table(self, profile: Profile, depth: int, *, columns: Optional[Sequence[str]],
+              width: Optional[int], ops: int, ranks: bool) -> str: ...
+
+    def torch_table(self, flop_counts: dict, depth: Optional[int]) -> str: ...
+
+    def write_csv(self, profile: Profile, path: PathLike) -> None: ...
+
+    def dataframe(self, profile: Profile) -> Any: ...
+
+    def write_chrome_trace(self, profile: Profile, path: PathLike) -> None: ...
+
+
+_installed: list[Presenter] = []
+
+
+def install(presenter: Presenter) -> None:
+    """Make ``presenter`` the one that lays out every Profile's output."""
+    _installed[:] = [presenter]
+
+
+def presenter() -> Presenter:
+    if not _installed:
+        raise RuntimeError("no views installed: import dispatch_flops (its views room "
+                           "installs the presenter)")
+    return _installed[0]
