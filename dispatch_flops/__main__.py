@@ -10,12 +10,12 @@ import os
 import sys
 import textwrap
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
-from dispatch_flops import FlopCounter, FlopsProfiler, profile
+from dispatch_flops import FlopCounter, FlopsProfiler, Profile, profile
 from dispatch_flops.counter import ATTENTION_MODES
 from dispatch_flops.models import GPT, GPTConfig
 from dispatch_flops.views.table import terminal_width
@@ -140,7 +140,8 @@ def _device(parser, text: str) -> torch.device:
         backend = getattr(torch.backends, "mps", None)
     available = backend is not None and hasattr(backend, "is_available") and \
         backend.is_available()
-    if available and device.index is not None and hasattr(backend, "device_count"):
+    if available and device.index is not None and backend is not None and \
+            hasattr(backend, "device_count"):
         available = device.index < backend.device_count()
     if not available:
         why = ""
@@ -152,7 +153,7 @@ def _device(parser, text: str) -> torch.device:
     return device
 
 
-def _factory(parser, spec: str) -> Callable:
+def _factory(parser: argparse.ArgumentParser, spec: str) -> Callable:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         parser.error(f"model {spec!r} is not MODULE:FACTORY (e.g. dispatch_flops.models:GPT "
@@ -165,6 +166,8 @@ def _factory(parser, spec: str) -> Callable:
             sys.path.insert(0, os.path.dirname(path))  # so it can import its neighbours
             name = os.path.splitext(os.path.basename(path))[0]
             module_spec = importlib.util.spec_from_file_location(name, path)
+            if module_spec is None or module_spec.loader is None:
+                parser.error(f"cannot import {module_name!r}: not a Python file")
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[name] = module
             module_spec.loader.exec_module(module)
@@ -176,7 +179,7 @@ def _factory(parser, spec: str) -> Callable:
         raise
     except BaseException as e:
         parser.error(f"cannot import {module_name!r}: {type(e).__name__}: {e}")
-    target = module
+    target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
             parser.error(f"module {module_name!r} has no attribute {attribute!r}")
@@ -295,6 +298,7 @@ def main(argv=None) -> None:
         if args.timing else ""
     start = time.perf_counter()
     try:
+        fc: Union[FlopCounter, Profile]
         if args.timing:
             fc = profile(model, inputs, fn=step, warmup=args.warmup, repeat=args.repeat,
                          progress=_Progress(), attention=args.attention,

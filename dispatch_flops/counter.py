@@ -1,8 +1,8 @@
 """FlopCounter: a counting session. Options, enter and exit, and its result: a ``Profile``.
 
 Every view (``total``, ``by_module()``, ``table()``, exports, ...) is ``ProfileViews``', the
-same methods a Profile has, read from ``to_profile()``. See docs/architecture.md for the way an op takes
-from the dispatch mode to a view.
+same methods a Profile has, read from ``to_profile()``. See docs/architecture.md for the way
+an op takes from the dispatch mode to a view.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class FlopCounter(ProfileViews):
     ``timing=True`` also measures latency: two CUDA events on the op's own device and stream
     around every CUDA op that launches a kernel (pooled, folded as they complete, the rest
     after one synchronize per device when results are first read), ``perf_counter_ns`` for
-    other ops; module calls and the block are spans between marks (see ``_timing``). For medians over warm repeats use ``dispatch_flops.profile``. ``trace=True`` (timing
+    other ops; module calls and the block are spans between marks (see ``engine.timing``).
+    For medians over warm repeats use ``dispatch_flops.measure``. ``trace=True`` (timing
     implied) also keeps when every op and module call started and ended, for
     ``to_chrome_trace``.
     Register custom formulas before entering the block.

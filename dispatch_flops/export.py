@@ -1,4 +1,5 @@
-"""``dispatch_flops.export``: the public import path of ``dispatch_flops.views.export``.
+"""``dispatch_flops.export``: the public import path of
+``dispatch_flops.views.export``.
 
 The name is bound to that module itself (``dispatch_flops.export is
 dispatch_flops.views.export``): one object under both paths, patches included.

@@ -3,25 +3,12 @@
 Importing it registers every built-in formula and the no-arithmetic table in ``REGISTRY``.
 """
 
-from ._registry import (
-    REGISTRY,
-    Category,
-    Cost,
-    Entry,
-    Formula,
-    Movement,
-    Registry,
-    ZERO_COST,
-    has_formula,
-    register_formula,
-)
-from ._shapes import SparseInfo
-from .costs import ELEMENT_COSTS
 from . import (  # noqa: F401  (registers)
     attention,
     collectives,
     conv,
     distance,
+    estimates,  # noqa: F401  (last: the tag fallbacks)
     fft,
     fused,
     indexing,
@@ -38,7 +25,20 @@ from . import (  # noqa: F401  (registers)
     recurrent,
     reductions,
 )
-from . import estimates  # noqa: F401  (last: the tag fallbacks)
+from ._registry import (
+    REGISTRY,
+    ZERO_COST,
+    Category,
+    Cost,
+    Entry,
+    Formula,
+    Movement,
+    Registry,
+    has_formula,
+    register_formula,
+)
+from ._shapes import SparseInfo
+from .costs import ELEMENT_COSTS
 
 __all__ = [
     "Category",

@@ -162,7 +162,7 @@ class namespace:
         return [getattr(self._ops, n) for n in names if hasattr(self._ops, n)]
 
 
-def _as_op(op) -> OpLike:
+def _as_op(op) -> Union[OpLike, str]:
     if isinstance(op, str):  # "namespace::name": an op registered later, on import
         if "::" not in op:
             raise TypeError(f"expected an OpOverload (torch.ops.aten.mm.default), an "
@@ -240,8 +240,8 @@ class Registry:
                 else:
                     taken = op in getattr(self, _table_of(op))
                 if taken:
-                    raise ValueError(f"{op} is already registered (it or its packet has a formula); "
-                                     "pass override=True to replace it")
+                    raise ValueError(f"{op} is already registered (it or its packet has a "
+                                     "formula); pass override=True to replace it")
         for op in ops:
             getattr(self, _table_of(op))[op] = entry
         self.version += 1
@@ -311,7 +311,7 @@ class Registry:
                     return entry
         return UNSUPPORTED_ENTRY
 
-    def has(self, op: OpLike) -> bool:
+    def has(self, op: Union[OpLike, str]) -> bool:
         """Whether ``op`` is classified: a formula or declared no-arithmetic. Estimates do not
         count: they are a fallback, not a classification."""
         op = _as_op(op)

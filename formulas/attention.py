@@ -5,7 +5,8 @@ with h_q a multiple of h_kv (GQA/MQA: each query head still meets s_k keys).
 
 Forward MACs = pairs * (d + d_v): scores q @ k^T, then probs @ v.
 Backward MACs = pairs * (3 d + 2 d_v): the fused kernels recompute q @ k^T, then
-grad_probs = grad_out @ v^T, grad_v = probs^T @ grad_out, grad_q = grad_s @ k, grad_k = grad_s^T @ q.
+grad_probs = grad_out @ v^T, grad_v = probs^T @ grad_out, grad_q = grad_s @ k,
+grad_k = grad_s^T @ q.
 ``pairs`` is b * h_q * s_q * s_k (dense, the default), or with ``causal_unmasked_only`` and
 ``is_causal`` only the unmasked (query, key) pairs of torch's top-left-aligned causal mask.
 Non-MAC flops per pair: the scale, the softmax and (backward) its gradient, from ELEMENT_COSTS;

@@ -29,7 +29,6 @@ import torch
 from ._registry import REGISTRY, Cost, Movement
 
 
-
 class _Namespace:
     """``torch.ops.<namespace>``'s packets, or the op's qualified name for one not registered
     yet (some appear when ``torch.distributed`` modules are imported)."""

@@ -33,7 +33,7 @@ class CostTable(dict):
         super().update(*args, **kwargs)
         self._changed()
 
-    def __ior__(self, other):
+    def __ior__(self, other):  # type: ignore[misc]  # dict's __or__ is typed for a dict
         self.update(other)
         return self
 

@@ -29,13 +29,15 @@ def random_draw(*args, out_shape, **kw) -> Cost:
 
 @register_formula(_ops("bernoulli bernoulli_"))
 def bernoulli(x, *args, out_shape, **kw) -> Cost:
-    return Cost(first_numel(out_shape) * (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"]))
+    per_element = ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"]
+    return Cost(first_numel(out_shape) * per_element)
 
 
 @register_formula(aten.native_dropout)
 def native_dropout(x, p, train, *, out_shape, **kw) -> Cost:
     # train=False (or None in eval) returns the input and an all-true mask
-    return Cost(numel(x) * (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["dropout"]) if train else 0)
+    per_element = ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["dropout"]
+    return Cost(numel(x) * per_element if train else 0)
 
 
 @register_formula(_ops("native_dropout_backward _masked_scale"))

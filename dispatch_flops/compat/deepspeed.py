@@ -138,6 +138,7 @@ class FlopsProfiler:
             self._stop()
 
     def _stop(self) -> None:
+        assert self._counter is not None and self._recorder is not None  # started
         try:
             self._counter.__exit__(None, None, None)
         finally:
@@ -301,8 +302,9 @@ def get_model_profile(
     >>> get_model_profile(model, kwargs=inputs, func_name="generate", print_profile=False)
 
     ``mode`` is DeepSpeed's current name for ``func_name`` (the flops-profiler package's):
-    give either. ``input_shape`` builds one tensor of ones (the model's parameter dtype and device) as the
-    only positional argument. The model's train/eval flags and hooks are restored after.
+    give either. ``input_shape`` builds one tensor of ones (the model's parameter dtype and
+    device) as the only positional argument. The model's train/eval flags and hooks are
+    restored after.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

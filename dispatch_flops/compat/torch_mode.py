@@ -145,7 +145,8 @@ class FlopCounterMode(FlopCounter):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self.mode.__exit__(exc_type, exc, tb)
+            if self.mode is not None:
+                self.mode.__exit__(exc_type, exc, tb)
         finally:
             self.mode = None
             super().__exit__(exc_type, exc, tb)
@@ -157,6 +158,7 @@ class FlopCounterMode(FlopCounter):
         running: in backward, those whose forward made the autograd node (as the engine)."""
         flops = formula(*args, **kwargs, out_val=out)
         tracker, counting = self._tracker, self._mode
+        assert tracker is not None and counting is not None, "only called inside the block"
         node = _current_node()
         if node is None or counting.recomputing:
             frame = tracker.current

@@ -6,8 +6,10 @@ import warnings
 from typing import Optional
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from dispatch_flops.counter import FlopCounter
+from dispatch_flops.results.profile import Profile
 from dispatch_flops.results.roofline import DeviceSpec, device_spec
 from dispatch_flops.results.stats import check_int
 
@@ -28,10 +30,10 @@ class StepSampler:
             raise ValueError(f"device must be a DeviceSpec or None, got {device!r}")
         self.every, self.warmup, self.device = every, warmup, device
         self._counter: Optional[FlopCounter] = None
-        self._hook = None
+        self._hook: Optional[RemovableHandle] = None
         self._tokens = 0
-        self.last: dict = {}  # the metrics of the last counted step, until logged
-        self.profile = None  # the last counted step's Profile
+        self.last: dict[str, float] = {}  # the metrics of the last counted step, until logged
+        self.profile: Optional[Profile] = None  # the last counted step's Profile
         self._said_why = False
 
     def counts(self, step: int) -> bool:
@@ -66,7 +68,7 @@ class StepSampler:
                 self._hook = None
         profile = self.profile = counter.to_profile()
         wall = profile.wall_s
-        metrics = {"model_flops": profile.model_flops(),
+        metrics: dict[str, float] = {"model_flops": profile.model_flops(),
                    "hardware_flops": profile.hardware_flops()}
         if self._tokens and wall:
             metrics["tokens_per_s"] = self._tokens / wall

@@ -12,7 +12,7 @@ from typing import Optional
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the standalone package
-    from pytorch_lightning.callbacks import Callback
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
 
 from dispatch_flops.integrations._sampler import METRICS, StepSampler
 from dispatch_flops.results.roofline import DeviceSpec

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
 
 
@@ -32,6 +34,6 @@ def duration(seconds: float, precision: int = 2, *, compact: bool = False) -> st
     return f"{_digits(seconds / 1e-9, precision, compact)} ns" if magnitude else "0 s"
 
 
-def percent(part: float, whole: float, precision: int = 2) -> str:
+def percent(part: float, whole: Optional[float], precision: int = 2) -> str:
     """'12.34%' of ``whole``; '-' when ``whole`` is 0 or unknown (None)."""
     return f"{100.0 * part / whole:.{precision}f}%" if whole else "-"

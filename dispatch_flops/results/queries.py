@@ -59,10 +59,12 @@ class ProfileViews:
     def by_phase(self) -> dict[str, Stats]:
         """``{phase: Stats}`` for every phase of ``PHASES``."""
         p = self.to_profile()
-        return dict(p.memo("phases", lambda: {
-            phase: aggregate.sum_rows(p, lambda key, phase=phase: key.phase == phase,
+
+        def of(phase: str) -> Stats:
+            return aggregate.sum_rows(p, lambda key: key.phase == phase,
                                       aggregate.graph_ns(p, phase))
-            for phase in PHASES}))
+
+        return dict(p.memo("phases", lambda: {phase: of(phase) for phase in PHASES}))
 
     def model_flops(self) -> int:
         """Forward + backward flops: what the model needs, recompute and optimizer not

@@ -55,14 +55,15 @@ class Stats:
     latency_s: Optional[float] = None
 
     def __add__(self, other: "Stats") -> "Stats":
-        return Stats(*[getattr(self, f) + getattr(other, f) for f in COUNTS],
+        # COUNTS is every field but latency_s, in order
+        return Stats(*[getattr(self, f) + getattr(other, f) for f in COUNTS],  # type: ignore[call-arg]
                      _add_latency(self.latency_s, other.latency_s))
 
     @classmethod
     def of(cls, counts: Iterable[int], ns: int, timed: bool) -> "Stats":
         """Stats from integer ``counts`` in ``COUNTS`` order and ``ns`` of measured time
         (``latency_s`` stays ``None`` unless ``timed``)."""
-        return cls(*counts, ns / 1e9 if timed else None)
+        return cls(*counts, ns / 1e9 if timed else None)  # type: ignore[call-arg]  # as above
 
     @property
     def bytes(self) -> int:
@@ -89,8 +90,8 @@ class Stats:
 
     def __repr__(self) -> str:  # short: the fields, exact, are its attributes
         timed = "" if self.latency_s is None else f", latency {duration(self.latency_s)}"
-        return (f"Stats({self.calls} calls, {human(self.flops, 'FLOPs')}, {human(self.macs, 'MACs')}, "
-                f"{human(self.bytes, 'B')} moved{timed})")
+        return (f"Stats({self.calls} calls, {human(self.flops, 'FLOPs')}, "
+                f"{human(self.macs, 'MACs')}, {human(self.bytes, 'B')} moved{timed})")
 
 
 # Stats' integer counts, in field order: every record, row and column of the engine and the
@@ -157,7 +158,8 @@ class ModuleStats:
 
     def __repr__(self) -> str:
         return (f"ModuleStats({self.name!r}, {self.calls} calls, {human(self.params)} params, "
-                f"{human(self.flops, 'FLOPs')} inclusive, {human(self.exclusive.flops, 'FLOPs')} own)")
+                f"{human(self.flops, 'FLOPs')} inclusive, "
+                f"{human(self.exclusive.flops, 'FLOPs')} own)")
 
 
 @dataclass(frozen=True)

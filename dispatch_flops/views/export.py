@@ -111,7 +111,7 @@ def _synthesized_modules(ops: list[TraceEvent]) -> list[TraceEvent]:
                 out.append(TraceEvent(MODULE, first.stack[level], first.phase,
                                       first.stack[:level + 1], first.start_ns, last.end_ns))
                 run = []
-            if key is not None:
+            if event is not None and key is not None:
                 run.append(event)
     return out
 
@@ -132,7 +132,7 @@ def chrome_trace(profile) -> dict:
     tracks: dict[int, list[TraceEvent]] = defaultdict(list)
     for e in events:
         tracks[_BLOCK_TID if e.kind == BLOCK else tid[e.phase]].append(e)
-    synthesized = set()
+    synthesized: set[int] = set()
     for phase in phases:
         if phase != FORWARD:
             made = _synthesized_modules([e for e in ops if e.phase == phase])

@@ -34,7 +34,7 @@ _PHASE_COLOR = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A8
                 "recompute": "#C44E52", "other": "#8C8C8C"}
 
 
-_FIGURE = []  # the Figure subclass, made on first use: matplotlib is imported only then
+_FIGURE: list[type] = []  # the Figure subclass, made on first use: matplotlib is imported only then
 
 
 def _figure(width: float, height: float):

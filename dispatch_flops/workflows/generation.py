@@ -433,7 +433,7 @@ class GenerationProfile:
         if decode:
             of_cost("decode first", decode[0])
             n = len(decode)
-            timed_mean = mean(c.latency_s for c in decode) if timed else None
+            timed_mean = mean(c.latency_s or 0.0 for c in decode)
             rows.append(["decode mean", f"{mean(c.positions for c in decode):g}"] + [
                 human(mean(getattr(c, k) for c in decode)) + u for k, u in (
                     ("flops", ""), ("macs", ""), ("bytes_read", "B"), ("bytes_written", "B"))
