@@ -15,7 +15,12 @@ import torch
 
 from dispatch_flops.results.stats import ROOT, depth_of
 
-GLOBAL = "Global"  # torch's key for everything counted in the block
+# torch's own string, not ours (``dispatch_flops.GLOBAL`` is "global"): torch's
+# FlopCounterMode keys everything counted in the block, and names its table's first row,
+# "Global", and code written against torch's counter reads ``flop_counts["Global"]``; the
+# getters answer as torch's do, so they keep torch's spelling.
+TORCH_GLOBAL = "Global"
+GLOBAL = TORCH_GLOBAL  # the name this module's lines and compat.torch_mode's read it by
 _SUFFIXES = ("", "K", "M", "B", "T")  # torch's table units
 
 
