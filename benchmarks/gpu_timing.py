@@ -36,7 +36,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
-from dispatch_flops import FlopCounter, device_spec, human, profile
+from dispatch_flops import FlopCounter, device_spec, human, measure
 from dispatch_flops.engine import timing as _timing
 from dispatch_flops.models import GPT, GPT2_SMALL, GPTConfig
 from dispatch_flops.results.format import duration
@@ -212,7 +212,7 @@ def matmul_vs_peak(spec, repeat: int) -> bool:
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    mm = profile(None, (a, b), warmup=3, repeat=repeat, fn=torch.mm)
+    mm = measure(None, (a, b), warmup=3, repeat=repeat, fn=torch.mm)
     achieved = mm.by_operator()["aten.mm"].achieved_flops
     if spec is None:
         print(f"{n}x{n} bf16 matmul: {human(achieved, 'FLOPS')} (no built-in spec to compare)")

@@ -4,25 +4,37 @@
 >>> with FlopCounter(model) as fc:
 ...     model(x)
 >>> print(fc)
+
+``__all__`` is what a user imports: the classes, the functions and the three vocabularies,
+string enums whose members are their strings (``Phase.FORWARD == "forward"``): ``Phase``,
+``Category`` (how an op was priced) and ``Bound`` (a roofline's bound). The older constants
+stay importable from here, outside ``__all__``: the members under their old names
+(``FORWARD``, ``BACKWARD``, ``OPTIMIZER``, ``RECOMPUTE``, ``OTHER``; ``EXACT``,
+``NO_ARITHMETIC``, ``ESTIMATED``, ``UNSUPPORTED``, ``COMMUNICATION``; ``COMPUTE_BOUND``,
+``MEMORY_BOUND``, ``COMM_BOUND``: ``FORWARD is Phase.FORWARD``), ``PHASES`` (the phases in
+report order), ``ROOT`` (the root's key in ``by_module()``, ``""``), ``GLOBAL`` (the root's
+label without a model, ``"global"``) and ``profile_generate``'s stages (``ENCODER``,
+``PREFILL``, ``DECODE``). ``profile`` is ``measure``'s old name, deprecated.
 """
 
 from dispatch_flops.compat.deepspeed import FlopsProfiler, get_model_profile
 from dispatch_flops.compat.torch_mode import FlopCounterMode
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.engine.activations import Activations
-from dispatch_flops.formulas import Cost, has_formula, register_formula
+from dispatch_flops.formulas import Category, Cost, has_formula, register_formula
 from dispatch_flops.results.format import human
 from dispatch_flops.results.profile import ModuleFacts, Profile, RunFacts
-from dispatch_flops.results.roofline import (
+from dispatch_flops.results.roofline import (  # noqa: F401 (its constants: outside __all__)
                           COMM_BOUND,
                           COMPUTE_BOUND,
                           DEVICES,
                           MEMORY_BOUND,
+                          Bound,
                           DeviceSpec,
                           Roofline,
                           device_spec,
 )
-from dispatch_flops.results.stats import (
+from dispatch_flops.results.stats import (  # noqa: F401 (its constants: outside __all__)
                           BACKWARD,
                           COMMUNICATION,
                           ESTIMATED,
@@ -39,9 +51,10 @@ from dispatch_flops.results.stats import (
                           Coverage,
                           ModuleStats,
                           OpRecord,
+                          Phase,
                           Stats,
 )
-from dispatch_flops.workflows.generation import (
+from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: outside __all__)
                           DECODE,
                           ENCODER,
                           PREFILL,
@@ -50,53 +63,43 @@ from dispatch_flops.workflows.generation import (
                           StepCost,
                           profile_generate,
 )
-from dispatch_flops.workflows.repeat import profile
+from dispatch_flops.workflows.repeat import measure, profile  # noqa: F401 (profile: deprecated)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Activations",
-    "BACKWARD",
-    "COMM_BOUND",
-    "COMMUNICATION",
-    "COMPUTE_BOUND",
-    "Cost",
-    "Coverage",
-    "DECODE",
-    "DEVICES",
-    "DeviceSpec",
-    "ENCODER",
-    "ESTIMATED",
-    "EXACT",
-    "FORWARD",
+    # counting and its results
     "FlopCounter",
-    "FlopCounterMode",
-    "FlopsProfiler",
-    "GLOBAL",
+    "Profile",
+    "ModuleFacts",
+    "RunFacts",
+    "Stats",
+    "ModuleStats",
+    "OpRecord",
+    "Coverage",
+    "Activations",
+    "measure",
+    "human",
+    # the vocabularies
+    "Phase",
+    "Category",
+    "Bound",
+    # devices and the roofline
+    "DeviceSpec",
+    "DEVICES",
+    "device_spec",
+    "Roofline",
+    # generation
+    "profile_generate",
     "GenerationProfile",
     "GenerationRoofline",
-    "MEMORY_BOUND",
-    "ModuleStats",
-    "NO_ARITHMETIC",
-    "OPTIMIZER",
-    "ModuleFacts",
-    "OpRecord",
-    "OTHER",
-    "PHASES",
-    "PREFILL",
-    "Profile",
-    "RECOMPUTE",
-    "ROOT",
-    "Roofline",
-    "RunFacts",
     "StepCost",
-    "Stats",
-    "UNSUPPORTED",
-    "device_spec",
-    "get_model_profile",
-    "has_formula",
-    "human",
-    "profile",
-    "profile_generate",
+    # your own formulas
+    "Cost",
     "register_formula",
+    "has_formula",
+    # torch's and DeepSpeed's APIs
+    "FlopCounterMode",
+    "FlopsProfiler",
+    "get_model_profile",
 ]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from dispatch_flops import FlopCounter, FlopsProfiler, Profile, profile
+from dispatch_flops import FlopCounter, FlopsProfiler, measure
 from dispatch_flops.counter import ATTENTION_MODES
 from dispatch_flops.models import GPT, GPTConfig
 from dispatch_flops.views.table import terminal_width
@@ -298,14 +298,15 @@ def main(argv=None) -> None:
         if args.timing else ""
     start = time.perf_counter()
     try:
-        fc: Union[FlopCounter, Profile]
+        fc: Profile
         if args.timing:
-            fc = profile(model, inputs, fn=step, warmup=args.warmup, repeat=args.repeat,
+            fc = measure(model, inputs, fn=step, warmup=args.warmup, repeat=args.repeat,
                          progress=_Progress(), attention=args.attention,
                          trace=bool(args.trace))
         else:
-            with FlopCounter(model, attention=args.attention) as fc:
+            with FlopCounter(model, attention=args.attention) as counter:
                 step(*inputs)
+            fc = counter.to_profile()  # measure's result too: one type for the views below
     except Exception as e:
         _fail(f"running {label} failed: {type(e).__name__}: {e}")
     elapsed = time.perf_counter() - start

@@ -53,7 +53,7 @@ was made on.
 
 An op falls in exactly one of five categories, kept apart everywhere:
 
-* it has a formula (``FORMULA``);
+* it has a formula (``EXACT``: priced exactly by it);
 * it does no arithmetic (``NO_ARITHMETIC``): views, metadata, copies, allocation, indexing;
   whether it moves bytes is part of its declaration (see ``Movement``);
 * it has no formula, but a tag it carries (``torch.Tag.pointwise``, ``torch.Tag.reduction``)
@@ -99,12 +99,23 @@ Formula = Callable[..., Cost]
 OpLike = Union[OpOverload, OpOverloadPacket]
 
 
-class Category(enum.Enum):
-    FORMULA = "formula"
+class Category(str, enum.Enum):
+    """How an op is priced (see "five categories" in the module's docstring). A member is its
+    string: the value is the name reports and saved profiles use (``Category.EXACT ==
+    "exact"``), and ``str()``, f-strings and ``format()`` give that value on every Python
+    (a plain mixed-in enum's own give ``Category.EXACT``)."""
+
+    EXACT = "exact"  # priced by a formula
     NO_ARITHMETIC = "no_arithmetic"
     ESTIMATED = "estimated"
     UNSUPPORTED = "unsupported"
     COMMUNICATION = "communication"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
 
 
 class Movement(enum.Enum):
@@ -253,7 +264,7 @@ class Registry:
 
         def decorate(fn: Formula) -> Formula:
             _check_formula(fn)
-            self._put(ops, Entry(Category.FORMULA, fn), override)
+            self._put(ops, Entry(Category.EXACT, fn), override)
             return fn
 
         return decorate
@@ -317,7 +328,7 @@ class Registry:
         op = _as_op(op)
         if isinstance(op, OpOverload):
             category = self.lookup(op).category
-            return category in (Category.FORMULA, Category.NO_ARITHMETIC,
+            return category in (Category.EXACT, Category.NO_ARITHMETIC,
                                 Category.COMMUNICATION)
         if isinstance(op, str):
             return op in self._named

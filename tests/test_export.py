@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from dispatch_flops import ROOT, FlopCounter, Profile, Stats, profile
+from dispatch_flops import ROOT, FlopCounter, Profile, Stats, measure
 from dispatch_flops.engine import trace as _trace
 from dispatch_flops.export import COLUMNS, rows
 from dispatch_flops.results.stats import PHASES
@@ -325,10 +325,10 @@ def test_trace_past_its_limit_drops_and_says_so(tmp_path, monkeypatch):
     assert fc.total.calls > 40  # counting itself is not limited
 
 
-def test_profile_keeps_the_first_timed_run_as_trace(tmp_path):
+def test_measure_keeps_the_first_timed_run_as_trace(tmp_path):
     model = tiny_gpt()
     idx = tiny_ids()
-    fc = profile(model, (idx,), warmup=0, repeat=2, fn=lambda i: step(model, i), trace=True)
+    fc = measure(model, (idx,), warmup=0, repeat=2, fn=lambda i: step(model, i), trace=True)
     fc.to_chrome_trace(tmp_path / "trace.json")
     slices = check_trace_event_format(load_trace(tmp_path / "trace.json"))
     assert len([e for e in slices if e["cat"] == "op"]) == fc.total.calls

@@ -1,4 +1,4 @@
-"""Timing on the CPU, profile() medians, the roofline and MFU (the CUDA-event path runs in
+"""Timing on the CPU, measure() medians, the roofline and MFU (the CUDA-event path runs in
 benchmarks/gpu_timing.py, on a GPU)."""
 
 import gc
@@ -16,7 +16,7 @@ from dispatch_flops import (
     DeviceSpec,
     FlopCounter,
     device_spec,
-    profile,
+    measure,
 )
 from helpers import TINY, step, tiny_gpt
 
@@ -74,8 +74,8 @@ def test_timing_keeps_no_tensor_alive():
     assert ref() is None
 
 
-def test_profile_takes_medians_of_warm_repeats():
-    """profile(): counts equal one counted call's; the block's time, and each op's time per
+def test_measure_takes_medians_of_warm_repeats():
+    """measure(): counts equal one counted call's; the block's time, and each op's time per
     (module stack, phase, overload) is the median of the repeats'."""
     model = tiny_gpt()
     idx = torch.randint(0, TINY.vocab_size, (2, 8))
@@ -89,7 +89,7 @@ def test_profile_takes_medians_of_warm_repeats():
 
     FlopCounter.__exit__ = keep
     try:
-        fc = profile(model, (idx,), warmup=1, repeat=3, fn=lambda i: step(model, i))
+        fc = measure(model, (idx,), warmup=1, repeat=3, fn=lambda i: step(model, i))
     finally:
         FlopCounter.__exit__ = original
     with FlopCounter(model) as plain:
@@ -104,9 +104,9 @@ def test_profile_takes_medians_of_warm_repeats():
 
 
 @pytest.mark.parametrize("bad", [{"repeat": 0}, {"warmup": -1}, {"repeat": 1.5}, {"timing": False}])
-def test_profile_rejects_bad_arguments(bad):
+def test_measure_rejects_bad_arguments(bad):
     with pytest.raises(ValueError):
-        profile(nn.Linear(2, 2), (torch.randn(1, 2),), **bad)
+        measure(nn.Linear(2, 2), (torch.randn(1, 2),), **bad)
 
 
 def test_roofline_closed_form():

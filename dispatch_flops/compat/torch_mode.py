@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ
 from dispatch_flops.results.stats import ROOT
-from dispatch_flops.results.torch_figures import TORCH_GLOBAL as GLOBAL
+from dispatch_flops.results.torch_figures import TORCH_GLOBAL
 from dispatch_flops.results.torch_figures import torch_flop_counts
 from dispatch_flops.views.torch_table import torch_table
 
@@ -182,13 +182,13 @@ class FlopCounterMode(FlopCounter):
                 for key in self._called:  # a torch-format formula replaces our figure
                     ops.pop(key, None)
             for (stack, key), flops in self._extra.items():
-                for name in (GLOBAL,) + tuple(n for n in stack if n != ROOT):
+                for name in (TORCH_GLOBAL,) + tuple(n for n in stack if n != ROOT):
                     counts[name][key] += flops
         return counts
 
     def get_total_flops(self) -> int:
         """torch's: the sum of ``flop_counts["Global"]``."""
-        return sum(self.flop_counts[GLOBAL].values())
+        return sum(self.flop_counts[TORCH_GLOBAL].values())
 
     def get_flop_counts(self) -> dict:
         """torch's: ``flop_counts`` as plain dicts."""

@@ -549,7 +549,7 @@ class CountingMode(TorchDispatchMode):
         resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
                              out_in_signature, with_layouts, with_group_size)
         if _decomposable(func, entry):
-            resolved.category, resolved.kind = Category.FORMULA, FORMULA
+            resolved.category, resolved.kind = Category.EXACT, FORMULA
             resolved.decompose = partial(self._decomposed, func)
         self.resolved[id(func)] = resolved
         return resolved
@@ -774,7 +774,7 @@ def _decomposable(func, entry) -> bool:
     one)."""
     if entry.category is Category.NO_ARITHMETIC or func.namespace != "aten":
         return False
-    if entry.category is Category.FORMULA and not getattr(
+    if entry.category is Category.EXACT and not getattr(
             entry.formula, "__module__", "").startswith("dispatch_flops.formulas"):
         return False
     try:

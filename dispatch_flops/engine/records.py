@@ -25,7 +25,7 @@ import weakref
 from operator import itemgetter
 from typing import Optional
 
-from dispatch_flops.formulas import ELEMENT_COSTS, Cost
+from dispatch_flops.formulas import ELEMENT_COSTS, Category, Cost
 from dispatch_flops.results.rows import ROW, RowKey
 from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
@@ -35,9 +35,9 @@ _FLOPS = PRICED.index("flops")
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
 
-CATEGORY_NAMES = {"formula": "exact", "no_arithmetic": "no_arithmetic",
-                  "estimated": "estimated", "unsupported": "unsupported",
-                  "communication": "communication"}
+# a category's value -> the Category rows carry: the identity now that the registry's values
+# are the reported names (``engine.trace`` still looks categories up here)
+CATEGORY_NAMES = {c.value: c for c in Category}
 
 
 class PricingError(Exception):
@@ -190,7 +190,7 @@ class Layout:
                     op = key if key.__class__ is int else key[0]
                     resolved = resolutions[op]
                     func = resolved.func
-                    category = CATEGORY_NAMES[resolved.category.value]
+                    category = resolved.category
                     signature = rec[SIGNATURE]
                     dtype = None
                     if signature is not None:

@@ -185,5 +185,5 @@ class Profile(ProfileViews):
     def with_medians(self, runs: Sequence[Profile]) -> Profile:
         """This run with every op's, module span's and the wall time replaced by the median
         over ``runs`` (this one among them) that ran the same ops; ``repeats`` says how many
-        did (see ``dispatch_flops.profile``)."""
+        did (see ``dispatch_flops.measure``)."""
         return combine.with_medians(self, runs)

@@ -16,11 +16,26 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-from dispatch_flops.results.stats import Stats
+from dispatch_flops.results.stats import Stats, StringEnum
 
-COMPUTE_BOUND = "compute-bound"
-MEMORY_BOUND = "memory-bound"
-COMM_BOUND = "communication-bound"
+
+class Bound(StringEnum):
+    """Which roof an op or module sits under: the largest term of its attainable time.
+
+    >>> roof = DEVICES["H100-SXM"].roofline(fc.by_operator()["aten.mm"], torch.bfloat16)
+    >>> roof.bound is Bound.COMPUTE, f"{roof.bound}"
+    (True, 'compute-bound')
+    """
+
+    COMPUTE = "compute-bound"  # flops / peak flops
+    MEMORY = "memory-bound"  # bytes moved / memory bandwidth
+    COMMUNICATION = "communication-bound"  # bytes on the wire / interconnect bandwidth
+
+
+# the members under their old names, importable as before (not in __all__)
+COMPUTE_BOUND = Bound.COMPUTE
+MEMORY_BOUND = Bound.MEMORY
+COMM_BOUND = Bound.COMMUNICATION
 
 DTypeLike = Union[torch.dtype, str]
 
@@ -106,7 +121,7 @@ class Roofline:
 
     arithmetic_intensity: Optional[float]  # flops per byte moved
     attainable_s: float  # max(flops / peak, bytes / bandwidth, comm bytes / link bandwidth)
-    bound: str  # COMPUTE_BOUND, MEMORY_BOUND or COMM_BOUND
+    bound: Bound
     efficiency: Optional[float]  # attainable / measured
     compute_s: Optional[float] = None  # flops / peak
     memory_s: Optional[float] = None  # bytes / memory bandwidth

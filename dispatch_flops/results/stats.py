@@ -2,34 +2,75 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Iterable, Mapping, Optional
 
+from dispatch_flops.formulas import Category
 from dispatch_flops.results.format import duration, human
+
+
+class StringEnum(str, enum.Enum):
+    """A closed vocabulary whose members are their strings: ``Phase.FORWARD == "forward"``,
+    hashes as ``"forward"`` (a dict keyed by members reads with plain strings, and a loaded
+    Profile's plain strings meet a live run's members), and prints, formats, writes to CSV and
+    JSON-dumps as ``forward``. A mixed-in enum's own ``str()`` is ``Phase.FORWARD``, and so is
+    its ``format()`` (f-strings) since 3.11 (3.9/3.10: the value), hence ``__str__``;
+    ``__format__`` too, rather than rely on ``Enum.__format__`` deferring to an overridden
+    ``__str__``, a rule 3.11 and 3.12 each rewrote."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
 
 ROOT = ""  # the root model's key in by_module(); without a model, everything is charged here
 # the root's one name wherever it is shown (tables, plots, reprs, the CLI): the model's class
-# name (Profile.root_label), or this without a model. torch's getters keep torch's "Global".
+# name (Profile.root_label), or this without a model. Ours, lower case like every name we
+# print; torch's getters keep torch's own "Global" (results.torch_figures.TORCH_GLOBAL).
 GLOBAL = "global"
-# Phases: which part of a step an op belongs to. The tracker's ``phase_of`` is the one rule
-# that decides it; every accumulator, report and export loops over PHASES, so a new phase is
-# a constant here and a branch of that rule.
-FORWARD = "forward"
-BACKWARD = "backward"
-OPTIMIZER = "optimizer"  # ops run inside optimizer.step()
-RECOMPUTE = "recompute"  # forward ops re-run by activation checkpointing during backward
-# ops run while none of the model's modules is running, and the backward of what they made:
-# a loss computed after the model, gradient clipping, loss scaling (a counter with a model)
-OTHER = "other"
-PHASES = (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE, OTHER)
+
+
+class Phase(StringEnum):
+    """Which part of a step an op belongs to. The tracker's ``phase_of`` is the one rule that
+    decides it; every accumulator, report and export loops over ``PHASES``, so a new phase is
+    a member here and a branch of that rule.
+
+    >>> with FlopCounter(model) as fc:
+    ...     model(x).sum().backward()
+    >>> fc.by_phase()[Phase.BACKWARD].flops == fc.by_phase()["backward"].flops
+    True
+    """
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"  # ops run inside optimizer.step()
+    RECOMPUTE = "recompute"  # forward ops re-run by activation checkpointing during backward
+    # ops run while none of the model's modules is running, and the backward of what they
+    # made: a loss computed after the model, gradient clipping, loss scaling (with a model)
+    OTHER = "other"
+
+
+# The vocabulary's members under their old names, importable as before (not in __all__):
+# ``FORWARD is Phase.FORWARD``.
+FORWARD = Phase.FORWARD
+BACKWARD = Phase.BACKWARD
+OPTIMIZER = Phase.OPTIMIZER
+RECOMPUTE = Phase.RECOMPUTE
+OTHER = Phase.OTHER
+PHASES = tuple(Phase)  # in the order every accumulator (frame.acc[i]) and report uses
 MODEL_PHASES = (FORWARD, BACKWARD)  # model flops: what the model needs, once
 
-EXACT = "exact"  # priced by a formula
-NO_ARITHMETIC = "no_arithmetic"  # declared to do no arithmetic (views, copies, allocation)
-ESTIMATED = "estimated"  # no formula; priced by the family its tag names, flagged
-UNSUPPORTED = "unsupported"  # no formula: bytes counted, flops unknown
-COMMUNICATION = "communication"  # a collective or point-to-point op: comm_bytes on the wire
+# How an op call was priced: the formula library's own vocabulary (``Category``, whose values
+# are the names in reports and saved profiles, docs/schema.md), one name for one thing.
+EXACT = Category.EXACT  # priced by a formula
+NO_ARITHMETIC = Category.NO_ARITHMETIC  # declared to do no arithmetic (views, copies, allocation)
+ESTIMATED = Category.ESTIMATED  # no formula; priced by the family its tag names, flagged
+UNSUPPORTED = Category.UNSUPPORTED  # no formula: bytes counted, flops unknown
+COMMUNICATION = Category.COMMUNICATION  # a collective or point-to-point op: comm_bytes on the wire
 CATEGORIES = (EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED, COMMUNICATION)
 
 
@@ -55,15 +96,16 @@ class Stats:
     latency_s: Optional[float] = None
 
     def __add__(self, other: "Stats") -> "Stats":
-        # COUNTS is every field but latency_s, in order
-        return Stats(*[getattr(self, f) + getattr(other, f) for f in COUNTS],  # type: ignore[call-arg]
-                     _add_latency(self.latency_s, other.latency_s))
+        counts = [getattr(self, f) + getattr(other, f) for f in COUNTS]
+        latency = _add_latency(self.latency_s, other.latency_s)
+        # mypy takes a *list for every field: it cannot tell COUNTS leaves latency_s out
+        return Stats(*counts, latency)  # type: ignore[call-arg]
 
     @classmethod
     def of(cls, counts: Iterable[int], ns: int, timed: bool) -> "Stats":
         """Stats from integer ``counts`` in ``COUNTS`` order and ``ns`` of measured time
         (``latency_s`` stays ``None`` unless ``timed``)."""
-        return cls(*counts, ns / 1e9 if timed else None)  # type: ignore[call-arg]  # as above
+        return cls(*counts, ns / 1e9 if timed else None)  # type: ignore[call-arg]
 
     @property
     def bytes(self) -> int:
@@ -168,10 +210,10 @@ class OpRecord:
 
     module: str  # innermost running module: the exclusive owner
     stack: tuple  # the running module stack, root first
-    phase: str
+    phase: str  # a Phase (its value, a plain str, in a Profile read from a file)
     operator: str  # packet name, e.g. "aten.mm"
     overload: str  # e.g. "aten.mm.default"
-    category: str  # EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED or COMMUNICATION
+    category: str  # a Category: EXACT, NO_ARITHMETIC, ESTIMATED, UNSUPPORTED or COMMUNICATION
     stats: Stats
     # the compute dtype of ops that do arithmetic (their first floating-point tensor
     # argument's, e.g. "bfloat16"): MFU's peak; None for ops without flops or floats
@@ -209,7 +251,8 @@ class Coverage:
     def share(self, category: str, by: str = "calls") -> float:
         """The fraction (0..1) of calls or bytes in ``category``; 0.0 for an empty run."""
         if category not in CATEGORIES:
-            raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
+            raise ValueError(f"category must be one of {tuple(c.value for c in CATEGORIES)}, "
+                             f"got {category!r}")
         counts = self._counts(by)
         whole = sum(counts.values())
         return counts[category] / whole if whole else 0.0

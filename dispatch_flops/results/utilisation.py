@@ -33,13 +33,14 @@ def flops_figure(flops: str) -> Callable[[Stats], int]:
 
 def check_phase(phase: Optional[str]) -> None:
     if phase is not None and phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES} or None (all phases), got {phase!r}")
+        raise ValueError(f"phase must be one of {tuple(p.value for p in PHASES)} or None (all "
+                         f"phases), got {phase!r}")
 
 
 def require_timing(profile: Profile, what: str) -> None:
     if not profile.timing:
         raise ValueError(f"{what} needs measured time: count with FlopCounter(..., "
-                         f"timing=True) or dispatch_flops.profile(...)")
+                         f"timing=True) or dispatch_flops.measure(...)")
 
 
 def device_of(profile: Profile, device: Optional[DeviceSpec] = None) -> DeviceSpec:

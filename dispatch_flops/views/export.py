@@ -124,7 +124,7 @@ def chrome_trace(profile) -> dict:
     profile = _profile_of(profile)
     if profile.trace is None:
         raise ValueError("no timeline was kept: count with FlopCounter(model, trace=True) "
-                         "(or dispatch_flops.profile(..., trace=True))")
+                         "(or dispatch_flops.measure(..., trace=True))")
     events, dropped = profile.trace
     ops = [e for e in events if e.kind == OP]
     phases = [p for p in PHASES if p == FORWARD or any(e.phase == p for e in ops)]

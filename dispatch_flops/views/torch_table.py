@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from dispatch_flops.results.stats import depth_of
-from dispatch_flops.results.torch_figures import TORCH_GLOBAL as GLOBAL
+from dispatch_flops.results.torch_figures import TORCH_GLOBAL
 
 _SUFFIXES = ("", "K", "M", "B", "T")  # torch's table units
 
@@ -33,7 +33,7 @@ def torch_table(flop_counts: dict, depth: Optional[int]) -> str:
     format aligns them (left, right, right), the indentation kept as torch asks tabulate to
     (tabulate 0.10 ignores that request and strips it)."""
     depth = 999999 if depth is None else depth
-    total = sum(flop_counts.get(GLOBAL, {}).values())
+    total = sum(flop_counts.get(TORCH_GLOBAL, {}).values())
     suffix = _suffix(total)
     subsumed = False
 
@@ -50,14 +50,15 @@ def torch_table(flop_counts: dict, depth: Optional[int]) -> str:
 
     rows = []
     for name in sorted(flop_counts):
-        if name != GLOBAL and depth_of(name) <= depth:  # torch's names: never the root's ""
+        # torch's names: never the root's ""
+        if name != TORCH_GLOBAL and depth_of(name) <= depth:
             rows += rows_of(name, depth_of(name) - 1)
-    if GLOBAL in flop_counts and not subsumed:
+    if TORCH_GLOBAL in flop_counts and not subsumed:
         for row in rows:
             row[0] = " " + row[0]
-        rows = rows_of(GLOBAL, 0) + rows
+        rows = rows_of(TORCH_GLOBAL, 0) + rows
     if not rows:
-        rows = [[GLOBAL, "0", "0%"]]
+        rows = [[TORCH_GLOBAL, "0", "0%"]]
     header = ["Module", "FLOP", "% Total"]
     # tabulate's "simple" format pads a header by 2 at least
     widths = [max(max(len(r[i]) for r in rows), len(header[i]) + 2) for i in range(3)]

@@ -1,13 +1,14 @@
-"""``profile``: warm up, repeat, and keep the median time of every op and module.
+"""``measure``: warm up, repeat, and keep the median time of every op and module.
 
 Timing one cold call is misleading (first-call allocations, lazy initialisation, caches), so
-``profile`` runs the warm-ups outside the counter, counts and times ``repeat`` calls with a
+``measure`` runs the warm-ups outside the counter, counts and times ``repeat`` calls with a
 fresh counter each, and returns one Profile whose counts are those of every repeat (they
 are equal) and whose latencies are medians over the repeats.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 from torch import nn
@@ -17,7 +18,7 @@ from dispatch_flops.results.profile import Profile
 from dispatch_flops.results.stats import check_int
 
 
-def profile(
+def measure(
     model: Optional[nn.Module],
     args: tuple = (),
     kwargs: Optional[dict] = None,
@@ -31,7 +32,7 @@ def profile(
     """Count and time ``fn(*args, **kwargs)`` (``fn`` defaults to ``model``): ``warmup`` calls
     outside the counter, then ``repeat`` timed ones; latencies in the result are medians.
 
-    >>> fc = profile(model, (x,), warmup=2, repeat=10)
+    >>> fc = measure(model, (x,), warmup=2, repeat=10)
     >>> fc.by_module()["layers.0"].latency_s, fc.mfu(device)
     ``fn`` may run a whole training step (``fn=lambda x: model(x).sum().backward()``);
     ``options`` go to ``FlopCounter`` (``attention=...``, ``trace=True``: the timeline is the
@@ -41,10 +42,10 @@ def profile(
     check_int("warmup", warmup, 0)
     check_int("repeat", repeat, 1)
     if "timing" in options:
-        raise ValueError("profile always times; use FlopCounter(...) to count without timing")
+        raise ValueError("measure always times; use FlopCounter(...) to count without timing")
     call = fn if fn is not None else model
     if not callable(call):
-        raise ValueError("profile needs a callable: pass a model, or fn=... with model=None")
+        raise ValueError("measure needs a callable: pass a model, or fn=... with model=None")
     kwargs = kwargs or {}
     for done in range(1, warmup + 1):
         call(*args, **kwargs)
@@ -59,3 +60,16 @@ def profile(
             progress("timed run", done, repeat)
     return runs[0].with_medians(runs)
 
+
+def profile(*args, **kwargs) -> Profile:
+    """Deprecated: ``measure``'s old name (it read as the class ``Profile``), to be removed in
+    the next release. Takes ``measure``'s arguments and returns its result, with a
+    ``FutureWarning``."""
+    # FutureWarning, not DeprecationWarning: Python's default filters hide a
+    # DeprecationWarning unless the calling code is __main__, so a script that calls profile
+    # from its own module would never learn the name goes away; FutureWarning is shown by
+    # default everywhere. stacklevel=2 names the caller's line, not this one.
+    warnings.warn("dispatch_flops.profile is renamed dispatch_flops.measure (same arguments, "
+                  "same result); profile will be removed in the next release",
+                  FutureWarning, stacklevel=2)
+    return measure(*args, **kwargs)
