@@ -34,12 +34,13 @@ MODULE = "module"  # one forward call of a module, hook to hook
 BLOCK = "block"  # the whole ``with`` block
 
 
-class _Tracing:
+class _Tracing(Timer):
     """Times like its timer and keeps ``(record, start, end)`` per op call and ``(span list,
     start, end)`` per module call, up to ``limit`` events. A CUDA op's
     start is its event pair (``end`` None): where it sits is worked out when the pair is
     folded, and its events go back to the pool; an op with no time (a view on CUDA, graph
-    capture) is left out."""
+    capture) is left out. Mixed in before the timer it traces (``Timer`` or ``CudaTimer``):
+    ``super()`` is that timer."""
 
     def _start_trace(self, limit: Optional[int]) -> None:
         self.limit = TRACE_LIMIT if limit is None else limit
@@ -55,6 +56,7 @@ class _Tracing:
             if token.__class__ is tuple:
                 start, end = token
             else:  # a CUDA pair: placed on the host clock from this timer's anchor event
+                assert isinstance(self, CudaTimer)  # only a CUDA timer hands out pairs
                 if token.anchor is None:
                     self._stream_of(token.stream.device)  # an anchor on its device
                     token.anchor = self.anchor(token.stream.device)
