@@ -17,9 +17,11 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dispatch_flops.engine import compiled as _compiled
+from dispatch_flops.engine import facts as _facts
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
 from dispatch_flops.engine.records import Captured, engine_cache
+from dispatch_flops.engine.saved import SavedActivations
 from dispatch_flops.engine.timing import Relay, Relayed, Timer, cuda_index
 from dispatch_flops.engine.trace import is_tracing, new_timer, trace_events
 from dispatch_flops.engine.tracker import (
@@ -92,6 +94,7 @@ class FlopCounter:
         self._wall = [0]  # ns from entry to exit, when timing
         self._wall_start = None
         self._saved_hooks = None
+        self._saved: Optional[SavedActivations] = None  # bytes saved for backward, if asked
         self._relay = None  # the Relay this counter put under the mode below it, if nested
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts)
         # (volatile run facts, (module types, params)) read at exit: see __exit__
@@ -126,12 +129,13 @@ class FlopCounter:
                 ledger.busy = False
             _unrelay(relay)
             raise
-        saved_hooks = None
+        saved_hooks = saved = None
         try:
             mode.__enter__()
             if self.saved_activations:
-                tracker.watch_saved()
-                saved_hooks = saved_tensors_hooks(tracker.pack, tracker.unpack)
+                saved = SavedActivations(tracker, self.model)
+                tracker.watch_saved(saved)
+                saved_hooks = saved_tensors_hooks(saved.pack, saved.unpack)
                 try:
                     saved_hooks.__enter__()
                 except BaseException:
@@ -143,7 +147,7 @@ class FlopCounter:
             _unrelay(relay)
             raise
         _compiled.enter(mode, tracker)
-        self._saved_hooks = saved_hooks
+        self._saved_hooks, self._saved = saved_hooks, saved
         self._relay = relay
         self._tracker, self._mode, self._active = tracker, mode, True
         self._captured = self._profile = self._at_exit = None
@@ -171,7 +175,7 @@ class FlopCounter:
             # what may change once the block is over (the model's dtype and modules, the
             # process group) is read now; the counts are read when first asked for, or when
             # the next counter on the model needs the ledger (``Ledger.settle``)
-            self._at_exit = (self._volatile_facts(), tracker.types_and_params())
+            self._at_exit = (self._volatile_facts(), _facts.types_and_params(tracker))
             left_installed = tracker.mode_left_installed()
             if tracker.shared:
                 if left_installed:  # its mode may go on counting into the ledger
@@ -225,16 +229,18 @@ class FlopCounter:
     def _capture(self) -> tuple:
         """This counter's counts and module facts as they are now (cheap: no pricing)."""
         tracker = self._tracker
+        assert tracker is not None  # entered: see to_profile
         if self._timer is not None and not self._active:
             self._timer.resolve()
-        calls = tracker.call_counts()
+        calls = _facts.call_counts(tracker)
         types, params = self._at_exit[1] if self._at_exit is not None and not self._active \
-            else tracker.types_and_params()
+            else _facts.types_and_params(tracker)
         graph_runs, in_graphs = _compiled.graph_facts(tracker)
         facts = ModuleFacts(
-            names=tracker.names(), types=types, params=params,
-            calls=calls, spans=tracker.spans(calls) if self.timing else {},
-            saved=tracker.saved() if self.saved_activations else {},
+            names=_facts.names(tracker), types=types, params=params,
+            calls=calls, spans=_facts.spans(tracker, calls) if self.timing else {},
+            saved=self._saved.by_stack(tracker.ledger.frames) if self._saved is not None
+            else {},
             graph_runs=graph_runs, in_graphs=in_graphs)
         counts = Captured(tracker.ledger, self._mode.resolved, self._timer is not None)
         return counts, facts, self._run_facts(pricing_errors=counts.errors,
@@ -260,7 +266,7 @@ class FlopCounter:
         """The run's facts that may change after it: the model's dtype and device (its first
         floating parameter's), the rank and world size."""
         dtype, device = torch.float32, None
-        first = self._tracker.first_parameter() if self._tracker is not None else None
+        first = _facts.first_parameter(self._tracker) if self._tracker is not None else None
         if first is None and self.model is not None:  # never entered: ask the model
             first = next(iter(self.model.parameters()), None)
         if first is not None:
