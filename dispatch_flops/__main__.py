@@ -10,12 +10,12 @@ import os
 import sys
 import textwrap
 import time
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
-from dispatch_flops import FlopCounter, FlopsProfiler, measure
+from dispatch_flops import FlopCounter, FlopsProfiler, Profile, measure
 from dispatch_flops.counter import ATTENTION_MODES
 from dispatch_flops.models import GPT, GPTConfig
 from dispatch_flops.views.table import terminal_width

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Optional
+from types import FrameType
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -17,9 +18,11 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dispatch_flops.engine import compiled as _compiled
+from dispatch_flops.engine import facts as _facts
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
 from dispatch_flops.engine.records import Captured, engine_cache
+from dispatch_flops.engine.saved import SavedActivations
 from dispatch_flops.engine.timing import Relay, Relayed, Timer, cuda_index
 from dispatch_flops.engine.trace import is_tracing, new_timer, trace_events
 from dispatch_flops.engine.tracker import (
@@ -95,7 +98,8 @@ class FlopCounter(ProfileViews):
         self._active = False
         self._wall = [0]  # ns from entry to exit, when timing
         self._wall_start = None
-        self._saved_hooks = None
+        self._saved_hooks: Optional[saved_tensors_hooks] = None
+        self._saved: Optional[SavedActivations] = None  # bytes saved for backward, if asked
         self._relay = None  # the Relay this counter put under the mode below it, if nested
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts)
         # (volatile run facts, (module types, params)) read at exit: see __exit__
@@ -110,9 +114,10 @@ class FlopCounter(ProfileViews):
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
         self._allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
         timer = new_timer(self.trace, self._cuda_devices()) if self.timing else None
-        runner = timer if timer is not None else MetaRunner() if self._on_meta() else None
+        runner: Union[Timer, MetaRunner, Relayed, None] = \
+            timer if timer is not None else MetaRunner() if self._on_meta() else None
         relay = _relay_below(timer) if timer is not None else None
-        if relay is not None:  # nested: time ops by the bottom counting mode's clock
+        if relay is not None and timer is not None:  # nested: time by the bottom mode's clock
             runner = Relayed(timer)
         causal = self.attention == "causal"
         # entered in a generator or coroutine: count only while it runs (see GuardedCountingMode)
@@ -130,12 +135,14 @@ class FlopCounter(ProfileViews):
                 ledger.busy = False
             _unrelay(relay)
             raise
-        saved_hooks = None
+        saved_hooks: Optional[saved_tensors_hooks] = None
+        saved: Optional[SavedActivations] = None
         try:
             mode.__enter__()
             if self.saved_activations:
-                tracker.watch_saved()
-                saved_hooks = saved_tensors_hooks(tracker.pack, tracker.unpack)
+                saved = SavedActivations(tracker, self.model)
+                tracker.watch_saved(saved)
+                saved_hooks = saved_tensors_hooks(saved.pack, saved.unpack)
                 try:
                     saved_hooks.__enter__()
                 except BaseException:
@@ -147,7 +154,7 @@ class FlopCounter(ProfileViews):
             _unrelay(relay)
             raise
         _compiled.enter(mode, tracker)
-        self._saved_hooks = saved_hooks
+        self._saved_hooks, self._saved = saved_hooks, saved
         self._relay = relay
         self._tracker, self._mode, self._active = tracker, mode, True
         self._captured = self._profile = self._at_exit = None
@@ -157,14 +164,15 @@ class FlopCounter(ProfileViews):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        tracker = self._tracker
+        tracker, mode = self._tracker, self._mode
+        assert tracker is not None and mode is not None, "__exit__ without __enter__"
         try:
             if self._saved_hooks is not None:
                 self._saved_hooks.__exit__(exc_type, exc, tb)
                 self._saved_hooks = None
-            exit_mode(self._mode, exc_type, exc, tb)  # wherever it is on the stack
+            exit_mode(mode, exc_type, exc, tb)  # wherever it is on the stack
         finally:
-            _compiled.leave(self._mode)
+            _compiled.leave(mode)
             tracker.detach()
             _unrelay(self._relay)
             self._relay = None
@@ -175,7 +183,7 @@ class FlopCounter(ProfileViews):
             # what may change once the block is over (the model's dtype and modules, the
             # process group) is read now; the counts are read when first asked for, or when
             # the next counter on the model needs the ledger (``Ledger.settle``)
-            self._at_exit = (self._volatile_facts(), tracker.types_and_params())
+            self._at_exit = (self._volatile_facts(), _facts.types_and_params(tracker))
             left_installed = tracker.mode_left_installed()
             if tracker.shared:
                 if left_installed:  # its mode may go on counting into the ledger
@@ -218,6 +226,7 @@ class FlopCounter(ProfileViews):
         if self._captured is None:
             with LEDGERS_LOCK:  # the next counter on the model may be settling them now
                 self._settle()
+        assert self._captured is not None
         self._profile = self._make(self._captured)
         return self._profile
 
@@ -228,43 +237,46 @@ class FlopCounter(ProfileViews):
 
     def _capture(self) -> tuple:
         """This counter's counts and module facts as they are now (cheap: no pricing)."""
-        tracker = self._tracker
+        tracker, mode = self._tracker, self._mode
+        assert tracker is not None and mode is not None  # entered: see to_profile
         if self._timer is not None and not self._active:
             self._timer.resolve()
-        calls = tracker.call_counts()
+        calls = _facts.call_counts(tracker)
         types, params = self._at_exit[1] if self._at_exit is not None and not self._active \
-            else tracker.types_and_params()
+            else _facts.types_and_params(tracker)
         graph_runs, in_graphs = _compiled.graph_facts(tracker)
         facts = ModuleFacts(
-            names=tracker.names(), types=types, params=params,
-            calls=calls, spans=tracker.spans(calls) if self.timing else {},
-            saved=tracker.saved() if self.saved_activations else {},
+            names=_facts.names(tracker), types=types, params=params,
+            calls=calls, spans=_facts.spans(tracker, calls) if self.timing else {},
+            saved=self._saved.by_stack(tracker.ledger.frames) if self._saved is not None
+            else {},
             graph_runs=graph_runs, in_graphs=in_graphs)
-        counts = Captured(tracker.ledger, self._mode.resolved, self._timer is not None)
+        counts = Captured(tracker.ledger, mode.resolved, self._timer is not None)
         return counts, facts, self._run_facts(pricing_errors=counts.errors,
-                                              dtensor_ops=self._mode.logical_ops())
+                                              dtensor_ops=mode.logical_ops())
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured
+        tracker, mode = self._tracker, self._mode
+        assert tracker is not None and mode is not None  # entered: see to_profile
         rows = counts.rows()
         trace = None
         if is_tracing(self._timer) and not self._active:
-            trace = trace_events(self._timer, self._tracker.ledger, self._mode.resolved,
-                                 self.root_label)
+            trace = trace_events(self._timer, tracker.ledger, mode.resolved, self.root_label)
         # a run that counted what the ledger's last one did shares its views (same data)
-        last = self._tracker.ledger.last
+        last = tracker.ledger.last
         views = last._views if last is not None and last._rows is rows and \
             last.module_facts == facts and last.run == run else None
         profile = Profile(rows, facts, run, trace=trace, views=views)
         if not self._active:
-            self._tracker.ledger.last = profile
+            tracker.ledger.last = profile
         return profile
 
     def _volatile_facts(self) -> dict:
         """The run's facts that may change after it: the model's dtype and device (its first
         floating parameter's), the rank and world size."""
         dtype, device = torch.float32, None
-        first = self._tracker.first_parameter() if self._tracker is not None else None
+        first = _facts.first_parameter(self._tracker) if self._tracker is not None else None
         if first is None and self.model is not None:  # never entered: ask the model
             first = next(iter(self.model.parameters()), None)
         if first is not None:
@@ -331,8 +343,7 @@ def _relay_below(timer: Timer):
         return _ALREADY
     if isinstance(bottom.runner, MetaRunner):
         return None
-    relay = Relay(bottom.runner, timer)
-    relay.mode = bottom
+    relay = Relay(bottom.runner, timer, bottom)
     bottom.runner = relay
     return relay
 
@@ -345,10 +356,10 @@ def _unrelay(relay) -> None:
         relay.mode.runner = relay.runner
 
 
-def _user_frame():
+def _user_frame() -> Optional[FrameType]:
     """The innermost frame outside this package: where the user entered the counter (through
     a subclass or ``FlopsProfiler.start_profile`` too)."""
-    frame = sys._getframe(2)
+    frame: Optional[FrameType] = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(
             "dispatch_flops."):
         frame = frame.f_back

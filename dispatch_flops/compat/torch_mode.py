@@ -27,8 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ
 from dispatch_flops.results.stats import ROOT
-from dispatch_flops.results.torch_figures import TORCH_GLOBAL
-from dispatch_flops.results.torch_figures import torch_flop_counts
+from dispatch_flops.results.torch_figures import TORCH_GLOBAL, torch_flop_counts
 from dispatch_flops.views.torch_table import torch_table
 
 _current_node = torch._C._current_autograd_node

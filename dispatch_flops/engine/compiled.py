@@ -53,14 +53,16 @@ import importlib.util
 import sys
 import threading
 from operator import itemgetter
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
-from torch.utils._python_dispatch import _pop_mode, _push_mode
 
+from dispatch_flops.engine import facts
 from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.engine.tracker import Frame, ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT
 
 _calls = itemgetter(CALLS)
@@ -159,15 +161,15 @@ class Graph:
                 priced = self.priced[key] = self._price(mode, tracker, args, kwargs)
             runs.append((mode, tracker, priced))
         timed = []
-        for mode, tracker, priced in runs:
+        for _mode, tracker, priced in runs:
             for rec, n in priced.forward:
                 rec[CALLS] += n
             for frame, n in priced.calls:
                 frame.calls += n
-            ran = tracker.__dict__.setdefault("_compiled_ran", {})
-            ran[id(priced)] = priced
+            graphs = _graph_runs(tracker)
+            graphs.ran[id(priced)] = priced
             if tracker.timer is not None:
-                timed.append((tracker.timer, _times(tracker), tracker))
+                timed.append((tracker.timer, graphs.times_here(tracker.current), tracker))
         first = _sequence_nr()
         modes = tuple(mode for mode, _, _ in runs)
         marks = [timer.mark() for timer, _, _ in timed]
@@ -195,11 +197,10 @@ class Graph:
         """``{name at compile time: name now}`` of the modules whose parameters this run
         passes: another instance of the same class can run a graph compiled for one."""
         renames = {}
-        owner_of = _owners(tracker)
         for i, key in self.owners:
             if i < len(args) and key is not None:
-                then = tracker._name_of.get(key)
-                now = owner_of.get(id(args[i]))
+                then = tracker.module_name(key)
+                now = tracker.parameter_owner(id(args[i]))
                 if then is not None and now is not None and then != now:
                     renames[then] = now
         return renames
@@ -273,8 +274,10 @@ class Without:
 
     __slots__ = ("modes", "popped", "kept")
 
-    def __init__(self, modes):
+    def __init__(self, modes: Sequence[TorchDispatchMode]):
         self.modes = modes
+        self.popped: Sequence[TorchDispatchMode] = ()  # taken off, top first (in the block)
+        self.kept: Sequence[TorchDispatchMode] = ()  # of those, the ones put back on
 
     def __enter__(self):
         stack = _mode_stack()
@@ -359,7 +362,7 @@ def _nodes_made(out, first: int, last: int) -> list:
 def _add_on_backward(nodes, mode, tracker, backward) -> None:
     """Add ``backward`` to the records when autograd first runs one of ``nodes`` (while the
     same counter still counts)."""
-    done = []
+    done: list[bool] = []
 
     def hook(*_):
         if not done and mode.tracker is tracker:
@@ -405,8 +408,8 @@ def _backward_without(backward):
             for (timer, times), start in zip(timed, marks):
                 timer.span(times, BACKWARD_NS, start, timer.mark())
 
-    counted_backward._dispatch_flops = True
-    counted_backward.__wrapped__ = backward
+    # a function's own attributes, which a type checker does not know of
+    vars(counted_backward).update(_dispatch_flops=True, __wrapped__=backward)
     return counted_backward
 
 
@@ -414,27 +417,43 @@ def _backward_without(backward):
 RUNS, FORWARD_NS, BACKWARD_NS = 0, 1, 2
 
 
-def _times(tracker) -> list:
-    """The times of graphs run from the running frame (timing on)."""
-    by_stack = tracker.__dict__.setdefault("_compiled_times", {})
-    stack = tracker.current.stack
-    times = by_stack.get(stack)
-    if times is None:
-        times = by_stack[stack] = [0, 0, 0]
-    return times
+class GraphRuns:
+    """What the compiled graphs run under one counter did, kept by its tracker
+    (``ModuleTracker.graph_runs``): ``ran``, the pricing of each graph it ran, by id (the
+    module calls they make: see ``_Priced``), and ``times``, each module stack's
+    ``[runs, forward ns, backward ns]`` of the graphs run from it (timing on)."""
+
+    __slots__ = ("ran", "times")
+
+    def __init__(self) -> None:
+        self.ran: dict[int, _Priced] = {}
+        self.times: dict[tuple, list[int]] = {}
+
+    def times_here(self, frame: Frame) -> list[int]:
+        """The times of graphs run from ``frame`` (the running one)."""
+        times = self.times.get(frame.stack)
+        if times is None:
+            times = self.times[frame.stack] = [0, 0, 0]
+        return times
 
 
-def graph_facts(tracker) -> tuple:
+def _graph_runs(tracker: ModuleTracker) -> GraphRuns:
+    runs = tracker.graph_runs
+    if runs is None:
+        runs = tracker.graph_runs = GraphRuns()
+    return runs
+
+
+def graph_facts(tracker: ModuleTracker) -> tuple[dict[tuple, tuple], tuple[str, ...]]:
     """``(graph_runs, in_graphs)`` of a counter's run, for its ``ModuleFacts``:
     ``{module stack: (runs, forward ns, backward ns)}`` of the compiled graphs it ran (timing
     on), and the names of the modules whose forward ran inside one of them."""
-    times = tracker.__dict__.get("_compiled_times", {})
-    ran = tracker.__dict__.get("_compiled_ran")
-    if not times and not ran:  # no graph ran (every counter reads this on exit)
+    runs = tracker.graph_runs
+    if runs is None:  # no graph ran (every counter reads this on exit)
         return {}, ()
-    names = {frame.name for priced in (ran or {}).values() for frame, _ in priced.calls}
-    return ({stack: tuple(t) for stack, t in times.items()},
-            tuple(n for n in tracker.names() if n in names))
+    names = {frame.name for priced in runs.ran.values() for frame, _ in priced.calls}
+    return ({stack: tuple(t) for stack, t in runs.times.items()},
+            tuple(n for n in facts.names(tracker) if n in names))
 
 
 def _innermost(node) -> Optional[int]:
@@ -446,20 +465,6 @@ def _innermost(node) -> Optional[int]:
         except (TypeError, ValueError):
             return None
     return None
-
-
-def _owners(tracker) -> dict:
-    """``{id(parameter): name of the module holding it}``, once per tracker."""
-    owners = getattr(tracker, "_compiled_owners", None)
-    if owners is None:
-        owners = {}
-        for module in tracker._modules:
-            name = tracker._name_of[id(module)]
-            for p in module._parameters.values():
-                if p is not None:
-                    owners.setdefault(id(p), name)
-        tracker._compiled_owners = owners
-    return owners
 
 
 def _renamed(name: str, renames: dict) -> str:
@@ -479,15 +484,17 @@ class _FrameMap:
     """Frames for a graph's nodes from their ``nn_module_stack``, under ``home`` (the frame
     running when the graph was called), and the module calls the graph makes."""
 
-    def __init__(self, tracker, home, renames=None):
+    def __init__(self, tracker: ModuleTracker, home: Frame,
+                 renames: Optional[dict[str, str]] = None):
         self.tracker = tracker
         self.home = home
         self.renames = renames or {}
         self.cache: dict = {}
-        self.calls: dict = {}
+        self.calls: dict[Frame, int] = {}
         self._open: tuple = ()
 
-    def frame(self, stack) -> object:
+    def frame(self, stack: dict) -> Frame:
+        """The frame of a node whose ``nn_module_stack`` is ``stack``."""
         key = tuple(stack)
         levels = self.cache.get(key)
         if levels is None:  # (module key, its frame or None when not the model's) per level
@@ -505,7 +512,7 @@ class _FrameMap:
                 while frame.parent is not None and not name.startswith(frame.name + "."):
                     frame = frame.parent
                 frame = frame.child(name, tracker.ledger.frames)
-                tracker._first_frames.setdefault(name, frame)
+                tracker.note_module_frame(name, frame)
                 levels.append((module_key, frame))
             self.cache[key] = levels = (frame, levels)
         # a module is called where the stack gains it (consecutive nodes share the call)
@@ -516,11 +523,11 @@ class _FrameMap:
         return levels[0]
 
 
-def _module_name(tracker, key, value) -> Optional[str]:
+def _module_name(tracker: ModuleTracker, key, value) -> Optional[str]:
     """The user's name of a module in an ``nn_module_stack`` entry: its key is the module's
     id on torch >= 2.5 (``value``: ``(path, type)``); an older key is a path, not resolved."""
     try:
-        return tracker._name_of.get(int(key))
+        return tracker.module_name(int(key))
     except (TypeError, ValueError):
         return None
 
@@ -529,14 +536,14 @@ class _Interpreter(torch.fx.Interpreter):
     def __init__(self, gm, frames: _FrameMap):
         super().__init__(gm)
         self.frames = frames
-        self.current = None
+        self.current: Optional[Frame] = None
 
     def run_node(self, n):
         if n.op in ("call_function", "call_method", "call_module"):
             frame = self.frames.frame(n.meta.get("nn_module_stack") or {})
             if frame is not self.current:
                 self.current = frame
-                self.frames.tracker._enter(frame)
+                self.frames.tracker.enter(frame)
         return super().run_node(n)
 
 
@@ -550,7 +557,7 @@ def unwrap(module):
 
 
 # -- installing ---------------------------------------------------------------------------
-_INSTALLED = []
+_INSTALLED: list[Callable] = []  # dynamo's own call_user_compiler, once wrapped
 _DYNAMO = "torch._dynamo"  # the package: imported whole, compilers and callbacks included
 
 
@@ -624,8 +631,9 @@ def _wrap_compiler() -> None:
                 return compiled
             return Graph(gm, compiled)
 
-        call_user_compiler.__wrapped__ = original
-        OutputGraph.call_user_compiler = call_user_compiler
+        vars(call_user_compiler)["__wrapped__"] = original  # not a typed function attribute
+        # a private torch class's method, patched: mypy flags any assignment to a method
+        OutputGraph.call_user_compiler = call_user_compiler  # type: ignore[method-assign]
         _INSTALLED.append(original)
         if not has_ignore_compile_internals():
             _watch_skips()
@@ -667,7 +675,7 @@ def _watch_skips() -> None:
             _SKIPPED.add(frame.f_code)
         return result
 
-    __call__.__wrapped__ = original
+    vars(__call__)["__wrapped__"] = original  # not a typed function attribute
     wrapper.__call__ = __call__
     _RESTORE.append((set_code_exec_strategy,
                      FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)))
@@ -701,7 +709,7 @@ def _hide_hooks(*_) -> None:
     that dynamo neither traces them into the graph nor breaks it at every module call."""
     mine = set()
     for _, tracker in list(ACTIVE):
-        mine.update(h.id for h in tracker._handles)
+        mine.update(tracker.hook_ids())
     if not mine:
         return
     for d in _hook_dicts():

@@ -31,7 +31,7 @@ from dispatch_flops.engine.records import (
 )
 from dispatch_flops.engine.skip import SKIP_FRAMES as _SKIP_FRAMES
 from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
-from dispatch_flops.engine.tracker import RECOMPUTE_I, phase_of
+from dispatch_flops.engine.tracker import RECOMPUTE_I, ModuleTracker, phase_of
 from dispatch_flops.engine.tracker import (
     top_saved_tensors_hooks as _top_saved_tensors_hooks,
 )
@@ -68,10 +68,23 @@ def node_phase(node) -> int:
         else _BACKWARD_I
     return phase
 
-# subclasses the mode lets run an op first (``CountingMode._unwraps``), and the dispatch key
-# of the fake mode DTensor's sharding propagation runs under
+# subclasses the mode lets run an op first (``_unwrapping``), and the dispatch key of the
+# fake mode DTensor's sharding propagation runs under
 _UNWRAPPED = frozenset(("DTensor", "AsyncCollectiveTensor"))
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
+def _unwrapping(types) -> Optional[str]:
+    """The name of the subclass among ``types`` that the mode lets run an op first (it
+    returns ``NotImplemented``), None when there is none. A DTensor runs the op as local ops
+    on its shards and the collectives that redistribute them, which come back to the mode and
+    are counted (what this rank executes); the DTensor-level call is kept apart, at its global
+    shapes (``CountingMode._logical``). An AsyncCollectiveTensor unwraps into
+    ``wait_tensor`` and the op."""
+    for t in types:
+        if t.__name__ in _UNWRAPPED and t.__module__.startswith("torch.distributed"):
+            return t.__name__
+    return None
 
 # per-overload kinds, small ints for the hot path
 VIEW, COPY, WRITE, FORMULA, UNKNOWN = range(5)
@@ -197,7 +210,9 @@ def _process_group(v):
     from torch.distributed import ProcessGroup
     if isinstance(v, str):
         from torch.distributed.distributed_c10d import _resolve_process_group
-        return _resolve_process_group(v)
+
+        # private API: its stub asks for torch's GroupName, a NewType of the str we have
+        return _resolve_process_group(v)  # type: ignore[arg-type]
     if isinstance(v, torch.ScriptObject):
         return ProcessGroup.unbox(v)
     return v
@@ -339,7 +354,10 @@ def _loose_bytes(v) -> int:
         except (_Unpriced, RuntimeError):
             pass
         try:
-            return v.values().nbytes + (v.offsets().nbytes if v.layout is torch.jagged else 0)
+            nbytes = v.values().nbytes
+            if v.layout is torch.jagged:  # offsets(): a nested tensor's, not in torch's stubs
+                nbytes += v.offsets().nbytes  # type: ignore[attr-defined]
+            return nbytes
         except (RuntimeError, AttributeError, TypeError):
             return 0
     if v.__class__ is list or v.__class__ is tuple:
@@ -498,12 +516,12 @@ class CountingMode(TorchDispatchMode):
         self._shared = cache.signatures.setdefault(causal_unmasked_only, {})
         self.forward_acc: dict = {}
         self.recomputing = False
-        self.tracker = None
-        # the DTensor-level ops this mode let DTensor unwrap (``_unwraps``): their global
+        self.tracker: Optional[ModuleTracker] = None  # see bind; None again once it closes
+        # the DTensor-level ops this mode let DTensor unwrap (``_unwrapping``): their global
         # (logical) figure, {key: [calls, Signature or None, resolution]}
         self.logical: dict = {}
 
-    def bind(self, tracker) -> None:
+    def bind(self, tracker: ModuleTracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
         self.tracker = tracker
         self._boundary_seqs = tracker.boundary_seqs  # the tracker appends; we only bisect
@@ -517,7 +535,9 @@ class CountingMode(TorchDispatchMode):
         the recompute phase of the frame holding the modules this recomputation (``hook``)
         re-ran (the checkpointed function's module), or, before any, of the unpacking node's
         frame."""
-        home_hook, home = self.tracker.recompute_home
+        tracker = self.tracker
+        assert tracker is not None  # a mode counts only while bound to its tracker
+        home_hook, home = tracker.recompute_home
         if home_hook is not hook:
             home = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
         return home.acc[RECOMPUTE_I]
@@ -564,8 +584,12 @@ class CountingMode(TorchDispatchMode):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake = FakeTensorMode(allow_non_fake_inputs=True)
-        to_fake = (lambda v: fake.from_tensor(v) if isinstance(v, Tensor) else
-                   [to_fake(x) for x in v] if v.__class__ in (list, tuple) else v)
+
+        def to_fake(v):
+            if isinstance(v, Tensor):
+                return fake.from_tensor(v)
+            return [to_fake(x) for x in v] if v.__class__ in (list, tuple) else v
+
         inner = CountingMode(self.registry, self.causal_unmasked_only)
         inner.forward_acc, inner._book, inner.recomputing = {}, [], False
         try:
@@ -606,21 +630,16 @@ class CountingMode(TorchDispatchMode):
         return rec
 
     # -- tensor subclasses that unwrap to local work (the slow path) --------------------------
-    def _unwraps(self, func, types, args, kwargs) -> bool:
-        """Whether to let a subclass among ``types`` run ``func`` first (the mode returns
-        ``NotImplemented``): a DTensor runs it as local ops on its shards and the collectives
-        that redistribute them, which come back here and are counted (what this rank
-        executes); the DTensor-level call is kept apart, at its global shapes
-        (``logical``). An AsyncCollectiveTensor unwraps into ``wait_tensor`` and the op."""
-        for t in types:
-            if t.__name__ in _UNWRAPPED and t.__module__.startswith("torch.distributed"):
-                if t.__name__ == "DTensor":
-                    self._logical(func, args, kwargs)
-                    # DTensor works out global shapes on fake tensors (sharding propagation)
-                    # under this mode: from now on those ops are run, not counted
-                    self.__torch_dispatch__ = self._outside_sharding_propagation
-                return True
-        return False
+    def _run_sharding_propagation_uncounted(self) -> None:
+        """From now on, run without counting the ops that run under a fake tensor mode
+        (``_outside_sharding_propagation``). Called whenever the mode lets a DTensor run an
+        op (after the first, it sets what is set): DTensor works out the global shapes of its
+        ops on fake tensors (sharding propagation) under this mode, and those ops are its
+        bookkeeping, not work this rank executes."""
+        # An instance attribute shadows the class's __torch_dispatch__ (torch looks it up on
+        # the mode object): only a mode that has met a DTensor pays for the fake-mode check
+        # on every op; every other mode keeps the plain hot path.
+        self.__dict__["__torch_dispatch__"] = self._outside_sharding_propagation
 
     def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
         if torch._C._get_dispatch_mode(_FAKE) is not None:
@@ -670,8 +689,13 @@ class CountingMode(TorchDispatchMode):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
         # case) and keep only ints. Records are [calls, ns, signature] (see _records): calls
         # and times counted here, flops and bytes by the signature when it is read.
-        if types and self._unwraps(func, types, args, kwargs):  # plain tensors: types == ()
-            return NotImplemented
+        if types:  # plain tensors: types == ()
+            unwrapping = _unwrapping(types)
+            if unwrapping is not None:  # it runs the op first: the mode says NotImplemented
+                if unwrapping == "DTensor":
+                    self._logical(func, args, kwargs)
+                    self._run_sharding_propagation_uncounted()
+                return NotImplemented
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
@@ -693,7 +717,9 @@ class CountingMode(TorchDispatchMode):
                 # all carry the same sequence number and go to their parameter's module
                 seq = node._sequence_nr()
                 if seq == _ACCUMULATE_GRAD_SEQ:
-                    acc = self.tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
+                    tracker = self.tracker
+                    assert tracker is not None  # a mode counts only while bound to one
+                    acc = tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
                 else:
                     frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
                     # reentrant checkpointing re-runs forward inside its own node's backward:
@@ -719,7 +745,7 @@ class CountingMode(TorchDispatchMode):
             # path (sparse COO is the one that would key like a dense tensor: checked here;
             # the others raise on the way).
             try:
-                sig = [key]
+                sig: list = [key]
                 for a in args:
                     if isinstance(a, Tensor):
                         sig.append(a.shape)
@@ -752,11 +778,11 @@ class CountingMode(TorchDispatchMode):
                     sig = resolved.signed(sig, resolved, args, out)
                 elif isinstance(out, Tensor):  # a scalar's type or the default dtype sets it
                     sig.append(out.dtype)
-                sig = tuple(sig)
-                rec = acc.get(sig)
+                signature = tuple(sig)
+                rec = acc.get(signature)
                 if rec is None:  # the record keeps its signature, worked out once
-                    rec = acc[sig] = [0, 0, _call_entry(self._shared, sig, resolved, args,
-                                                        kwargs, out)]
+                    rec = acc[signature] = [0, 0, _call_entry(self._shared, signature,
+                                                              resolved, args, kwargs, out)]
                     self._book.append(rec)
             except (_Exotic, RuntimeError, TypeError):
                 rec = self._exotic_record(key, resolved, acc, args, kwargs, out)
@@ -790,7 +816,9 @@ class GuardedCountingMode(CountingMode):
     this mode too; those ops are run, not counted (see ``ModuleTracker.sees``)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.tracker.sees(sys._getframe()):
+        tracker = self.tracker
+        assert tracker is not None  # a mode counts only while bound to its tracker
+        if not tracker.sees(sys._getframe()):
             return func(*args, **kwargs) if kwargs else func(*args)
         return CountingMode.__torch_dispatch__(self, func, types, args, kwargs)
 

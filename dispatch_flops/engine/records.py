@@ -23,9 +23,10 @@ import operator
 import warnings
 import weakref
 from operator import itemgetter
-from typing import Optional
+from typing import Optional, Union
 
 from dispatch_flops.formulas import ELEMENT_COSTS, Category, Cost
+from dispatch_flops.formulas.costs import CostTable
 from dispatch_flops.results.rows import ROW, RowKey
 from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
@@ -60,7 +61,9 @@ class Signature:
         self.bytes_read = bytes_read
         self.bytes_written = bytes_written
         self.dtype = dtype
-        self._unit = None
+        # what one call counts, in PRICED order, or the PricingError its formula gave; None
+        # until first read
+        self._unit: Union[tuple, PricingError, None] = None
 
     def set_cost(self, flops: int, macs: int) -> None:
         """Price the call now, with these flops and MACs (a composite's decomposition)."""
@@ -70,16 +73,18 @@ class Signature:
     def unit(self, resolved) -> tuple:
         """What one call counts, in ``PRICED`` order (``resolved``: the op's resolution);
         ``PricingError`` when its formula fails (raised again on every read)."""
-        if self._unit is None:
+        unit = self._unit
+        if unit is None:
             try:
-                self._unit = priced(resolved, self.call, self.bytes_read, self.bytes_written)
+                unit = priced(resolved, self.call, self.bytes_read, self.bytes_written)
             except Exception as e:  # a user's formula may raise anything
-                self._unit = e if isinstance(e, PricingError) else PricingError(
+                unit = e if isinstance(e, PricingError) else PricingError(
                     f"{resolved.func} with {_shapes_of(self.call)}: the formula raised "
                     f"{type(e).__name__}: {e}")
-        if isinstance(self._unit, PricingError):
-            raise self._unit
-        return self._unit
+            self._unit = unit
+        if isinstance(unit, PricingError):
+            raise unit
+        return unit
 
 
 def _shapes_of(call) -> str:
@@ -149,11 +154,14 @@ class EngineCache:
 
 
 _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# formulas types it as the dict it is; its changes are counted (``CostTable.version``)
+assert isinstance(ELEMENT_COSTS, CostTable)
+_ELEMENT_COSTS: CostTable = ELEMENT_COSTS
 
 
 def engine_cache(registry) -> EngineCache:
     """The engine's cache for ``registry`` as it is now."""
-    version = (registry.version, ELEMENT_COSTS.version)
+    version = (registry.version, _ELEMENT_COSTS.version)
     cache = _CACHES.get(registry)
     if cache is None or cache.version != version:
         cache = _CACHES[registry] = EngineCache(version)
@@ -163,9 +171,9 @@ def engine_cache(registry) -> EngineCache:
 class Layout:
     """Which row each of a ledger's first ``n`` records counts toward, and what one call of it
     counts. A row of ops that do arithmetic is split by the ops' compute dtype (the
-    signature's); other rows carry dtype None. Records and frames are only ever appended, so a layout stays valid for its ledger
-    until the ledger grows. Made when a counter ends (or is read): the signatures met for the
-    first time are priced then."""
+    signature's); other rows carry dtype None. Records and frames are only ever appended, so
+    a layout stays valid for its ledger until the ledger grows. Made when a counter ends (or
+    is read): the signatures met for the first time are priced then."""
 
     __slots__ = ("n", "keys", "row_of", "units", "errors", "memo")
 

@@ -30,6 +30,7 @@ import threading
 import warnings
 from collections import deque
 from time import perf_counter_ns
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -422,9 +423,10 @@ class Relay:
     where the modes above read it (``Relayed``), so that their op times are the op's alone,
     not the counting work of the modes below. ``runner``: the mode's own (None, a timer)."""
 
-    def __init__(self, runner, clock: Timer) -> None:
+    def __init__(self, runner, clock: Timer, mode: Any = None) -> None:
         self.runner = runner
         self.clock = runner if runner is not None else clock
+        self.mode = mode  # the counting mode whose runner this relay took the place of
 
     def run(self, resolved, args, kwargs):
         out, token = self.clock.run(resolved, args, kwargs)

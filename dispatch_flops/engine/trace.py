@@ -15,6 +15,7 @@ from time import perf_counter_ns
 from typing import Optional
 
 import torch
+from typing_extensions import TypeGuard
 
 from dispatch_flops.engine.records import (
     CATEGORY_NAMES,
@@ -31,12 +32,13 @@ TRACE_LIMIT = 200_000  # events kept per counter (op calls + module calls); late
 
 
 
-class _Tracing:
+class _Tracing(Timer):
     """Times like its timer and keeps ``(record, start, end)`` per op call and ``(span list,
     start, end)`` per module call, up to ``limit`` events. A CUDA op's
     start is its event pair (``end`` None): where it sits is worked out when the pair is
     folded, and its events go back to the pool; an op with no time (a view on CUDA, graph
-    capture) is left out."""
+    capture) is left out. Mixed in before the timer it traces (``Timer`` or ``CudaTimer``):
+    ``super()`` is that timer."""
 
     def _start_trace(self, limit: Optional[int]) -> None:
         self.limit = TRACE_LIMIT if limit is None else limit
@@ -52,6 +54,7 @@ class _Tracing:
             if token.__class__ is tuple:
                 start, end = token
             else:  # a CUDA pair: placed on the host clock from this timer's anchor event
+                assert isinstance(self, CudaTimer)  # only a CUDA timer hands out pairs
                 if token.anchor is None:
                     self._stream_of(token.stream.device)  # an anchor on its device
                     token.anchor = self.anchor(token.stream.device)
@@ -106,7 +109,7 @@ def new_timer(trace: bool, devices=(), limit: Optional[int] = None) -> Timer:
         TracingTimer(limit)
 
 
-def is_tracing(timer) -> bool:
+def is_tracing(timer: object) -> TypeGuard[_Tracing]:
     return isinstance(timer, _Tracing)
 
 

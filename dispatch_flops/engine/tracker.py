@@ -18,7 +18,8 @@ import weakref
 from collections import deque
 from itertools import repeat
 from operator import itemgetter, setitem
-from typing import Optional
+from types import FrameType
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils.hooks import RemovableHandle
 
 from dispatch_flops.engine.records import CALLS, NS
 from dispatch_flops.engine.skip import SKIP_FRAMES
@@ -45,6 +47,11 @@ from dispatch_flops.results.stats import (
     ROOT,
     static_prefixes,
 )
+
+if TYPE_CHECKING:
+    from dispatch_flops.engine.compiled import GraphRuns
+    from dispatch_flops.engine.mode import CountingMode
+    from dispatch_flops.engine.saved import SavedActivations
 
 _ns = itemgetter(NS)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
@@ -116,9 +123,11 @@ def suspendable(frame) -> bool:
 def unwrap_compiled(module: nn.Module) -> nn.Module:
     """The module a ``torch.compile(module)`` child wraps (named as the child, without
     ``_orig_mod.``); any other module as it is."""
-    while type(module).__name__ == "OptimizedModule" and isinstance(
-            getattr(module, "_orig_mod", None), nn.Module):
-        module = module._orig_mod
+    while type(module).__name__ == "OptimizedModule":
+        inner = getattr(module, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        module = inner
     return module
 
 
@@ -161,8 +170,7 @@ class Frame:
     ``acc[i]`` is phase ``PHASES[i]``'s accumulator: op key (an overload's id, or a
     signature) -> op record (see ``_records``); the dispatch mode writes them."""
 
-    __slots__ = ("name", "dotted", "parent", "stack", "children", "calls", "acc", "span",
-                 "saved")
+    __slots__ = ("name", "dotted", "parent", "stack", "children", "calls", "acc", "span")
 
     def __init__(self, name: str, parent: Optional["Frame"], frames: list):
         self.name = name
@@ -173,7 +181,6 @@ class Frame:
         self.calls = 0  # forward calls of the module that entered this frame
         self.acc: tuple = tuple({} for _ in PHASES)
         self.span = [0]  # ns inside this frame's module calls, hook to hook (timing on)
-        self.saved = 0  # bytes saved for backward by the ops run directly under this frame
         frames.append(self)
 
     def child(self, name: str, frames: list) -> "Frame":
@@ -203,14 +210,6 @@ class Outside(Frame):
     def child(self, name: str, frames: list) -> Frame:
         return self.root.child(name, frames)
 
-    @property
-    def saved(self) -> int:  # tensors saved outside the model: the root's
-        return self.root.saved
-
-    @saved.setter
-    def saved(self, value: int) -> None:
-        self.root.saved = value
-
 
 # a ledger holding more records is replaced: every harvest walks them all
 _LEDGER_RECORDS_CAP = 10_000
@@ -236,7 +235,7 @@ class Ledger:
         self.busy = False
         self.home: Optional[tuple] = None  # (ledgers, key) where shared_ledger keeps it
         self.layout = None  # _records.Layout of its records, rebuilt when records are added
-        self.params: Optional[tuple] = None  # (modules, types, params), see the tracker
+        self.params: Optional[tuple] = None  # (modules, types, params): facts.types_and_params
         self.last = None  # the last Profile harvested: the next may share its views
         self.root = Frame(ROOT, None, self.frames)
         # the counts here are a finished counter's: a weak method that copies them into it
@@ -279,7 +278,6 @@ class Ledger:
         for frame in self.frames:
             frame.calls = 0
             frame.span[0] = 0
-            frame.saved = 0
 
 
 def ledger_for(ledgers: dict, model: Optional[nn.Module], options, timer) -> Optional[Ledger]:
@@ -311,8 +309,11 @@ def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:
         ledger = Ledger()
         ledger.busy = True
         ledger.home = (ledgers, key)
-        ref = weakref.ref(model, lambda _, ledgers=ledgers, key=key: ledgers.pop(key, None))
-        ledgers[key] = (ref, ledger)
+
+        def forget(_: weakref.ref) -> None:  # the model is gone: so is its ledger
+            ledgers.pop(key, None)
+
+        ledgers[key] = (weakref.ref(model, forget), ledger)
         return ledger
 
 
@@ -326,10 +327,18 @@ class ModuleTracker:
 
     >>> tracker = ModuleTracker(model, mode)
     >>> tracker.attach(); model(x); tracker.detach()
+
+    What the rest of the engine reads, as attributes (the dispatch mode reads them on its hot
+    path): ``current`` (the running frame), ``root`` (the root's frame), ``ledger``,
+    ``boundary_seqs`` and ``boundary_frames`` (backward attribution: see ``enter``),
+    ``recompute_home``, ``root_calls``, ``every_module``, ``model``, ``mode``, ``timer``,
+    ``thread``, ``shared`` and ``graph_runs``. The module facts of a result are read from it
+    by ``engine.facts``; saved activations are counted by ``engine.saved``.
     """
 
-    def __init__(self, model: Optional[nn.Module], mode, timer=None,
-                 ledger: Optional[Ledger] = None, guard=None, every_module: bool = False):
+    def __init__(self, model: Optional[nn.Module], mode: CountingMode,
+                 timer: Optional[Timer] = None, ledger: Optional[Ledger] = None,
+                 guard: Optional[FrameType] = None, every_module: bool = False):
         self.model = model
         # what a counter sees: module calls of the thread that entered it (and autograd's
         # threads running its backward); when it was entered in a generator or coroutine
@@ -355,14 +364,17 @@ class ModuleTracker:
         self._wrappers: list = []  # torch.compile wrappers of the model (see _wraps_model)
         self._modules: list[nn.Module] = []
         self._name_of: dict[int, str] = {}
-        self._names: tuple = (ROOT,)  # the model's module names, in _modules order
+        self._names: tuple[str, ...] = ()  # the model's module names, in _modules order
         self._param_owner: Optional[dict[int, str]] = None
         self._accumulation_frames: dict[int, Frame] = {}
         self._first_frames: dict[str, Frame] = {}  # each module's first frame
-        self._handles: list = []
+        self._handles: list[RemovableHandle] = []
         self._optimizer_depth = 0  # optimizer.step() calls running
-        self._saved_seen: Optional[set] = None  # storages charged, when watching saved ones
-        self._param_storages: set = set()
+        # told of module calls when the counter watches saved activations (``watch_saved``)
+        self._saved: Optional[SavedActivations] = None
+        # what the compiled graphs run under this counter did (``compiled.GraphRuns``):
+        # made by the first one that runs
+        self.graph_runs: Optional[GraphRuns] = None
         self._recompute_depth = 0  # module calls running inside backward (checkpointing)
         self._resume = self.root  # the frame to go back to when recomputing ends
         # (saved-tensors pack hook, frame): where the last recomputation's modules sit
@@ -372,7 +384,7 @@ class ModuleTracker:
         self.outside = self.ledger.outside if model is not None else self.root
         self._aim()
         if self.outside is not self.root:
-            self._enter(self.outside)
+            self.enter(self.outside)
 
     def _aim(self, phase_changed: bool = False) -> None:
         """Point the mode's ``forward_acc`` at the running frame's accumulator for the phase
@@ -402,9 +414,15 @@ class ModuleTracker:
             raise
 
     def detach(self) -> None:
+        """Remove the hooks ``attach`` registered."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    def hook_ids(self) -> list[int]:
+        """The ids of the hooks in torch's global hook dicts that ``attach`` registered (a
+        compile hides them: see ``engine.compiled``)."""
+        return [handle.id for handle in self._handles]
 
     def mode_left_installed(self) -> bool:
         """Whether the mode is still on the dispatch mode stack (counters exited out of order,
@@ -424,7 +442,10 @@ class ModuleTracker:
             self.ledger.busy = False
 
     # -- hooks ------------------------------------------------------------------------------
-    def _enter(self, frame: Frame) -> None:
+    def enter(self, frame: Frame) -> None:
+        """Make ``frame`` the running frame (a module call starting or ending, a compiled
+        graph's node running in its module's frame), and note the boundary: the autograd
+        nodes made from now on are ``frame``'s (``boundary_seqs``, ``boundary_frames``)."""
         self.current = frame
         self.mode.forward_acc = frame.acc[self._phase]  # _aim, inlined: every module call
         self.boundary_seqs.append(_sequence_nr())
@@ -487,10 +508,11 @@ class ModuleTracker:
         if calls and (name == ROOT or not name.startswith(calls[-1][0].dotted)) and \
                 not running(calls[-1][1], caller):
             self._drop_ended(caller)
-        if self._saved_seen is not None:
-            self._wrap_inner_hooks()
+        saved = self._saved
+        if saved is not None:
+            saved.module_called()
         if not calls and self.current is not self.root:  # the model starts running
-            self._enter(self.root)
+            self.enter(self.root)
         if name == ROOT:
             if not calls:
                 self._root_again = 0  # none left over from a call an interrupt ended
@@ -501,16 +523,15 @@ class ModuleTracker:
                 return
             self.root_calls += 1
             frame = self.root
-            if self.current is self.root and self._saved_seen is not None:
-                self._saved_seen.clear()  # a new step: storages of the last may be reused
+            if self.current is self.root and saved is not None:
+                saved.step_begins()
         else:
-            frame = self.current.children.get(name)
-            if frame is None:
-                frame = self.current.child(name, self.ledger.frames)
+            child = self.current.children.get(name)
+            frame = child if child is not None else self.current.child(name, self.ledger.frames)
             if name not in self._first_frames:  # per counter: a ledger's frames outlive it
                 self._first_frames[name] = frame
             frame.calls += 1
-            self._enter(frame)
+            self.enter(frame)
         calls.append((frame, caller))
         if self.timer is not None:
             self._open.append((frame, self.timer.mark()))
@@ -531,7 +552,7 @@ class ModuleTracker:
             ended, _ = calls.pop()
             if self.timer is not None:
                 self._close(ended)
-        self._enter(calls[-1][0] if calls else self.outside)
+        self.enter(calls[-1][0] if calls else self.outside)
 
     def _push_recompute(self, name: str) -> None:
         """A module called while autograd runs a node: activation checkpointing re-running
@@ -548,7 +569,7 @@ class ModuleTracker:
         self._recompute_depth += 1
         self._aim(phase_changed=True)
         if name != ROOT:
-            self._enter(self.current.child(name, self.ledger.frames))
+            self.enter(self.current.child(name, self.ledger.frames))
 
     def _pop(self, module, args, output) -> None:
         name = self._name_of.get(id(module))
@@ -567,10 +588,13 @@ class ModuleTracker:
         else:
             frame = self.current
             while frame.name != name:  # an inner module left without its hook running
-                frame = frame.parent
-                if frame is None:
+                parent = frame.parent
+                if parent is None:
                     return
-            self._enter(frame.parent)
+                frame = parent
+            parent = frame.parent
+            assert parent is not None  # only the root has none, and it is named ROOT
+            self.enter(parent)
         calls = self._calls
         while calls:
             if calls.pop()[0] is frame:
@@ -578,7 +602,7 @@ class ModuleTracker:
         if self.timer is not None:
             self._close(frame)
         if not calls and self.outside is not self.root:  # none of the model's modules runs
-            self._enter(self.outside)
+            self.enter(self.outside)
 
     def _wraps_model(self, module) -> bool:
         """Whether ``module`` is a ``torch.compile`` wrapper of the model: its calls are the
@@ -596,68 +620,28 @@ class ModuleTracker:
             frame = self.current
             while frame.name != name and frame.parent is not None:
                 frame = frame.parent
-            self._enter(frame.parent if frame.parent is not None else self.root)
+            self.enter(frame.parent if frame.parent is not None else self.root)
         self._recompute_depth -= 1
         if not self._recompute_depth:
             self.mode.recomputing = False
             self.current = self._resume
             self._aim(phase_changed=True)
 
-    # -- saved activations (FlopCounter(saved_activations=True)) -----------------------------
-    def watch_saved(self) -> None:
-        """Start charging tensors saved for backward to the frame that saves them: each
-        storage once (the first saver), parameters' storages never. The user's own
-        ``saved_tensors_hooks`` keep working: ones entered before the counter are called from
-        ours (``pack``/``unpack``), ones entered inside the block are wrapped when the next
-        module call starts (``_wrap_inner_hooks``)."""
-        self._saved_seen = set()
-        self._param_storages = {
-            p.untyped_storage()._cdata for p in self.model.parameters()
-        } if self.model is not None else set()
-        self._outer_hooks = top_saved_tensors_hooks(False)  # the user's, entered before us
+    # -- saved activations (FlopCounter(saved_activations=True): engine.saved) ------------
+    def watch_saved(self, saved: SavedActivations) -> None:
+        """Tell ``saved`` of every module call this tracker sees from now on
+        (``module_called``) and of every new step (``step_begins``: the root called while
+        none of its modules runs)."""
+        self._saved = saved
 
-    def note_saved(self, tensor) -> None:
-        """Charge ``tensor``'s storage to the running frame (once per storage)."""
-        if not self._recompute_depth:
-            try:
-                storage = tensor.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
-                return
-            key = storage._cdata
-            if key not in self._saved_seen and key not in self._param_storages:
-                self._saved_seen.add(key)
-                self.current.saved += storage.nbytes()
-
-    def pack(self, tensor):
-        """``saved_tensors_hooks`` pack hook: note the bytes, then hand the tensor to the
-        user's hooks entered before the counter (as it is, without them)."""
-        self.note_saved(tensor)
-        outer = self._outer_hooks
-        return tensor if outer is None else outer[0](tensor)
-
-    def unpack(self, packed):
-        outer = self._outer_hooks
-        return packed if outer is None else outer[1](packed)
-
-    def _wrap_inner_hooks(self) -> None:
-        """Hooks the user entered inside the block sit above ours, and torch calls only the
-        innermost: put in their place the same hooks behind a pack that notes the bytes first
-        (their ``__exit__`` pops whatever is innermost, so the stack stays as they left it).
-        Activation checkpointing's own hooks are left alone: what it saves is recomputed."""
-        top = top_saved_tensors_hooks(False)
-        if top is None or getattr(top[0], "__self__", None) is self or \
-                getattr(top[0], "_dispatch_flops_noted", False) or \
-                getattr(top[0], "__module__", "") == "torch.utils.checkpoint":
-            return
-        their_pack, their_unpack = top
-
-        def pack(tensor):
-            self.note_saved(tensor)
-            return their_pack(tensor)
-
-        pack._dispatch_flops_noted = True
-        torch._C._autograd._pop_saved_tensors_default_hooks()
-        torch._C._autograd._push_saved_tensors_default_hooks(pack, their_unpack)
+    def saving_frame(self) -> Optional[Frame]:
+        """The frame a tensor saved for backward now is charged to: the running one (the
+        root's while none of the model's modules runs); None while activation checkpointing
+        recomputes forward (what it saves again was charged when forward first ran)."""
+        if self._recompute_depth:
+            return None
+        current = self.current
+        return current.root if isinstance(current, Outside) else current
 
     def _step_begins(self, optimizer, args, kwargs):
         self._optimizer_depth += 1  # modules called inside the step stay in its phase
@@ -701,11 +685,13 @@ class ModuleTracker:
 
     def _close(self, frame: Frame) -> None:
         """End the span of ``frame``'s module call (and of any inner call left unclosed)."""
+        timer = self.timer
+        assert timer is not None  # module calls are opened only when timing
         if not any(f is frame for f, _ in self._open):
             return
         while self._open:  # each mark is used once (a CUDA mark's events are pooled)
             inner, start = self._open.pop()
-            self.timer.span(inner.span, 0, start, self.timer.mark())
+            timer.span(inner.span, 0, start, timer.mark())
             if inner is frame:
                 return
 
@@ -716,14 +702,7 @@ class ModuleTracker:
         key = id(getattr(node, "variable", None))
         frame = self._accumulation_frames.get(key)
         if frame is None:
-            if self._param_owner is None:  # first gradient accumulation: build the map once
-                self._param_owner = {}
-                for module in self._modules:
-                    name = self._name_of[id(module)]
-                    for p in module._parameters.values():
-                        if p is not None:
-                            self._param_owner.setdefault(id(p), name)
-            owner = self._param_owner.get(key)
+            owner = self.parameter_owner(key)
             frame = self.root if owner is None else self.frame_of_name(owner)
             self._accumulation_frames[key] = frame
         return frame
@@ -739,82 +718,46 @@ class ModuleTracker:
             frame = frame.child(name, self.ledger.frames)
         return frame
 
-    # -- module facts, read when a Profile is made ------------------------------------------
-    def names(self) -> tuple:
-        """The model's module names in ``named_modules()`` order (the root alone without a
-        model)."""
+    # -- the modules, named (read by engine.facts and engine.compiled) ---------------------
+    def modules(self) -> Sequence[nn.Module]:
+        """The modules this tracker names: the model's, in ``named_modules()`` order (walked
+        by ``attach``); with ``every_module``, each module met so far, in the order met. The
+        tracker's own list: read it, never change it."""
+        return self._modules
+
+    def module_names(self) -> tuple[str, ...]:
+        """The names of ``modules()``, in their order (the model's is ``ROOT``)."""
         if self.every_module:
-            return (ROOT,) + tuple(self._name_of[id(m)] for m in self._modules)
+            return tuple(self._name_of[id(m)] for m in self._modules)
         return self._names
 
-    def types_and_params(self) -> tuple[tuple, tuple]:
-        """Each module's class name and parameters (``sum(p.numel() for p in
-        module.parameters())``), in ``names()`` order; kept with the ledger while the model's
-        modules stay the same."""
-        if not self._modules:
-            return ("",), (0,)
-        if self.every_module:  # the root: everything, no module of its own
-            types = ("",) + tuple(type(m).__name__ for m in self._modules)
-            return types, (0,) + tuple(sum(p.numel() for p in m.parameters())
-                                       for m in self._modules)
-        modules = tuple(map(id, self._modules))
-        cached = self.ledger.params
-        if cached is None or cached[0] != modules:
-            types = tuple(type(m).__name__ for m in self._modules)
-            counts = tuple(sum(p.numel() for p in m.parameters()) for m in self._modules)
-            cached = self.ledger.params = (modules, types, counts)
-        return cached[1], cached[2]
+    def module_name(self, module_id: int) -> Optional[str]:
+        """The name of the module whose ``id()`` is ``module_id`` (a ``torch.compile``
+        wrapper of the model: the model's), None for a module not among ``modules()``."""
+        return self._name_of.get(module_id)
 
-    def first_parameter(self):
-        """The model's first floating parameter (its first parameter if none is floating;
-        None without one), read from the modules walked on entry."""
-        first = None
-        for module in self._modules:
-            for p in module._parameters.values():
-                if p is not None:
-                    if p.is_floating_point():
-                        return p
-                    first = first if first is not None else p
-        return first
+    def parameter_owner(self, parameter_id: int) -> Optional[str]:
+        """The name of the first module in ``modules()`` holding the parameter whose
+        ``id()`` is ``parameter_id``, None for a parameter of none of them."""
+        owners = self._param_owner
+        if owners is None:  # asked first (a gradient accumulated): build the map once
+            owners = self._param_owner = {}
+            for module in self._modules:
+                name = self._name_of[id(module)]
+                for p in module._parameters.values():
+                    if p is not None:
+                        owners.setdefault(id(p), name)
+        return owners.get(parameter_id)
 
-    def call_counts(self) -> dict[str, int]:
-        """Forward calls of each module, over all the frames it ran in."""
-        counts: dict[str, int] = {ROOT: self.root_calls}
-        for frame in self.ledger.frames:
-            if frame.calls:
-                counts[frame.name] = counts.get(frame.name, 0) + frame.calls
-        return counts
-
-    def saved(self) -> dict[tuple, int]:
-        """Bytes saved for backward by the ops run directly under each stack."""
-        return {f.stack: f.saved for f in self.ledger.frames if f.saved}
-
-    def spans(self, calls: dict[str, int]) -> dict[str, int]:
-        """ns inside each module's forward calls (timing on). A module re-entered by itself
-        counts once (only frames with no ancestor of the same name count); a container that
-        is never called itself (ModuleList) gets the spans of the modules it holds."""
-        out: dict[str, int] = {}
-        root = self.root
-        todo = [(root, frozenset())]
-        while todo:
-            frame, above = todo.pop()
-            if (frame is not root and frame.calls) or (frame is root and self.root_calls):
-                if frame.name not in above:
-                    out[frame.name] = out.get(frame.name, 0) + frame.span[0]
-                    parent = frame.parent.name if frame.parent is not None else None
-                    for prefix in static_prefixes(frame.name)[:-1]:
-                        if not calls.get(prefix) and prefix not in above and not (
-                            parent is not None and (parent + ".").startswith(prefix + ".")
-                        ):
-                            out[prefix] = out.get(prefix, 0) + frame.span[0]
-            inner = above | {frame.name}
-            todo.extend((child, inner) for child in frame.children.values())
-        return out
+    def note_module_frame(self, name: str, frame: Frame) -> None:
+        """Module ``name`` ran in ``frame`` (a compiled graph's node did): the frame its
+        backward and recomputation go to, unless it ran in another one first."""
+        self._first_frames.setdefault(name, frame)
 
 
 # torch.compile(model) runs the model's own module call, hooks and all, outside dynamo and
 # compiles the first frame it meets below it: the hooks' frames are ours, never dynamo's
 if SKIP_FRAMES is not None:
     for _hook in (ModuleTracker._push, ModuleTracker._pop, ModuleTracker._step_begins,
-                  ModuleTracker._step_ends, ModuleTracker.pack, ModuleTracker.unpack):
+                  ModuleTracker._step_ends):
         SKIP_FRAMES(_hook.__code__)

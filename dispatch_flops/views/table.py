@@ -41,9 +41,10 @@ DEFAULT_WIDTH = 100  # when the output is not a terminal
 NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)
 IN_GRAPH = "in graph"  # the time cells of a module run inside a compiled graph: it has none
 
-_PHASE_HEADERS = {FORWARD: ("Fwd FLOPs", "Fwd"), BACKWARD: ("Bwd FLOPs", "Bwd"),
-                  OPTIMIZER: ("Opt FLOPs", "Opt"), RECOMPUTE: ("Recompute FLOPs", "Recomp"),
-                  OTHER: ("Other FLOPs", "Other")}
+_PHASE_HEADERS: dict[str, tuple[str, str]] = {
+    FORWARD: ("Fwd FLOPs", "Fwd"), BACKWARD: ("Bwd FLOPs", "Bwd"),
+    OPTIMIZER: ("Opt FLOPs", "Opt"), RECOMPUTE: ("Recompute FLOPs", "Recomp"),
+    OTHER: ("Other FLOPs", "Other")}
 
 
 def _percent(part: float, whole) -> str:
