@@ -1,7 +1,8 @@
-"""The views room: text, files and figures made from a Profile (the module table, CSV, the
-DataFrame, the Chrome trace, torch's and DeepSpeed's printouts, plots). Importing it installs
-the presenter through which ``Profile.table()`` and the other output methods reach it
-(``results.present``)."""
+"""The views room: text, files and figures made from a Profile: the module table (``table``),
+CSV, the DataFrame and the Chrome trace (``export``), torch's and DeepSpeed's printouts
+(``torch_table``, ``deepspeed``), plots (``plot``). It reads ``results`` only. Importing it
+installs the presenter through which ``Profile.table()`` and the other output methods reach
+it (``results.present``)."""
 
 from __future__ import annotations
 
