@@ -110,12 +110,22 @@ class Category(str, enum.Enum):
     ESTIMATED = "estimated"
     UNSUPPORTED = "unsupported"
     COMMUNICATION = "communication"
+    # the library's old name for EXACT (an alias: Category.FORMULA is Category.EXACT), and
+    # its old value, "formula", read as EXACT: code written against 0.1 keeps working
+    FORMULA = "exact"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Optional[Category]:
+        return cls.EXACT if value == "formula" else None
 
     def __str__(self) -> str:
         return str.__str__(self)
 
     def __format__(self, spec: str) -> str:
         return str.__format__(self, spec)
+
+    def __repr__(self) -> str:  # as its string's (see results.stats.StringEnum)
+        return repr(self.value)
 
 
 class Movement(enum.Enum):

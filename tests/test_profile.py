@@ -245,3 +245,35 @@ def test_root_label_and_root_key():
     fc = steps(tiny_gpt(), [1])[0]
     assert ROOT in fc.by_module() and fc.to_profile().root_label == "GPT"
     assert repr(fc.to_profile()).startswith("Profile(GPT,")
+
+
+def test_rows_given_as_plain_tuples_are_named():
+    """A Profile built from rows keyed by plain tuples (a tool's own), even mixed with
+    RowKeys, answers every view as the original."""
+    fc = steps(tiny_gpt(), [1])[0]
+    p = fc.to_profile()
+    mixed = [(tuple(key), counts) if i % 2 else (key, counts)
+             for i, (key, counts) in enumerate(p.rows)]
+    again = Profile(mixed, p.module_facts, p.run)
+    assert again.by_module() == p.by_module() and again.records() == p.records()
+    assert p.replace(rows=p.rows).rows is p.rows  # RowKeys already: the same tuple kept
+
+
+def test_a_counter_watching_saved_activations_lets_its_model_go():
+    """No reference cycle between the counter's parts keeps the model alive once the user
+    drops it (freed without the cyclic collector)."""
+    import gc
+    import weakref
+
+    model = tiny_gpt()
+    alive = weakref.ref(model)
+    with FlopCounter(model, saved_activations=True) as fc:
+        step(model, tiny_ids())
+    fc.to_profile()
+    gc.collect()
+    gc.disable()
+    try:
+        del model, fc
+        assert alive() is None
+    finally:
+        gc.enable()

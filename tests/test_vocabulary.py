@@ -21,9 +21,9 @@ from dispatch_flops import (
     Profile,
     measure,
 )
-from dispatch_flops.results.torch_figures import TORCH_GLOBAL
 from dispatch_flops.formulas import REGISTRY
 from dispatch_flops.results import roofline, stats
+from dispatch_flops.results.torch_figures import TORCH_GLOBAL
 from helpers import step, tiny_gpt, tiny_ids
 
 OLD_NAMES = {
@@ -64,6 +64,45 @@ def test_a_member_is_its_string(member):
     csv.writer(buffer).writerow([member])
     assert buffer.getvalue() == value + "\r\n"
     assert "|".join([member, member]) == f"{value}|{value}"
+    assert repr(member) == repr(value) and type(str(member)) is str
+
+
+def _strings(data, where="data"):
+    """Every key and string in ``data`` whose type is not exactly ``str``."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if isinstance(k, str) and type(k) is not str:
+                yield f"{where} key {k!r}"
+            yield from _strings(v, f"{where}[{k!r}]")
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            yield from _strings(v, f"{where}[{i}]")
+    elif isinstance(data, str) and type(data) is not str:
+        yield f"{where} {data!r}"
+
+
+def test_saved_data_holds_plain_strings():
+    """to_dict() and the CSV rows are plain data: writers that take only exact str (orjson,
+    yaml.safe_dump) take them, and a live run reads as a loaded one (records, reprs)."""
+    model = tiny_gpt()
+    with FlopCounter(model) as fc:
+        step(model, tiny_ids())
+    assert list(_strings(fc.to_dict())) == []
+    from dispatch_flops import export
+
+    assert list(_strings(export.rows(fc))) == []
+    loaded = Profile.from_dict(json.loads(json.dumps(fc.to_dict())))
+    assert repr(fc.records()) == repr(loaded.records())
+    assert repr(fc.by_phase()) == repr(loaded.by_phase())
+
+
+def test_the_registrys_old_category_name_reads_as_the_new_one():
+    from dispatch_flops.formulas import Category as FormulaCategory
+
+    assert FormulaCategory.FORMULA is FormulaCategory.EXACT is Category.EXACT
+    assert FormulaCategory("formula") is FormulaCategory.EXACT
+    with pytest.raises(ValueError):
+        FormulaCategory("no such category")
 
 
 @pytest.mark.parametrize("name", sorted(OLD_NAMES))
@@ -81,16 +120,18 @@ def test_phases_and_categories_stay_tuples_of_members_in_report_order():
 
 
 def test_one_category_vocabulary_from_the_registry_to_saved_files(tmp_path):
-    """The registry's verdict is the Category a record carries, and a saved file says its
-    value ("exact", the name saved files have always used)."""
+    """The registry's verdict is the Category a record carries (as its string, as a record
+    read from a file carries it), and a saved file says its value ("exact", the name saved
+    files have always used)."""
     assert Category is dispatch_flops.formulas.Category
     assert REGISTRY.lookup(torch.ops.aten.mm.default).category is Category.EXACT
     model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model) as fc:
         step(model, idx)
     records = fc.records()
-    assert {type(r.phase) for r in records} == {Phase}
-    assert {type(r.category) for r in records} == {Category}
+    assert {type(r.phase) for r in records} == {type(r.category) for r in records} == {str}
+    assert {r.phase for r in records} <= set(Phase) and {r.category for r in records} <= set(
+        Category)
     mm = [r for r in records if r.operator == "aten.mm"]
     assert mm and {r.category for r in mm} == {Category.EXACT}
     fc.to_json(tmp_path / "run.json")
@@ -158,6 +199,12 @@ def test_profile_still_works_and_warns_at_the_callers_line():
     assert _counts(old) == _counts(new)
     with pytest.warns(FutureWarning), pytest.raises(ValueError):
         dispatch_flops.profile(model, (idx,), repeat=0)
+
+
+def test_the_alias_shows_measures_parameters():
+    import inspect
+
+    assert inspect.signature(dispatch_flops.profile) == inspect.signature(measure)
 
 
 def test_measure_does_not_warn():

@@ -214,8 +214,10 @@ class Layout:
                     row = rows.get(row_key)
                     if row is None:
                         row = rows[row_key] = len(self.keys)
-                        self.keys.append(RowKey(frame.stack, phase, str(func.overloadpacket),
-                                                str(func), category, dtype))
+                        # plain strings, as a Profile read from a file holds them
+                        self.keys.append(RowKey(frame.stack, str(phase),
+                                                str(func.overloadpacket), str(func),
+                                                str(category), dtype))
                     self.row_of[i] = row
 
     def _failed(self, error: str) -> None:

@@ -418,6 +418,9 @@ class ModuleTracker:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        # the counter keeps its SavedActivations; the two pointing at each other would keep
+        # the model alive until the cyclic collector ran
+        self._saved = None
 
     def hook_ids(self) -> list[int]:
         """The ids of the hooks in torch's global hook dicts that ``attach`` registered (a

@@ -55,8 +55,9 @@ class Profile(ProfileViews):
                  parts: Sequence[Profile] = (), trace: Optional[tuple] = None,
                  views: Optional[dict] = None, ranks: Sequence[Profile] = ()):
         self._rows: tuple[Row, ...] = tuple(rows)  # the same tuple when given one: see _make
-        if self._rows and not isinstance(self._rows[0][0], RowKey):  # plain tuples: name them
-            self._rows = tuple((RowKey(*key), counts) for key, counts in self._rows)
+        if not all(type(key) is RowKey for key, _ in self._rows):  # plain tuples: name them
+            self._rows = tuple((key if type(key) is RowKey else RowKey(*key), counts)
+                               for key, counts in self._rows)
         self.module_facts = module_facts
         self.run = run
         self.parts = tuple(parts)  # the Profiles merged into this one, in order

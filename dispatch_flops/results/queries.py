@@ -172,20 +172,22 @@ class ProfileViews:
     def top_ops_by_time(self, k: int = 10) -> list[tuple[str, Stats]]:
         """The ``k`` operators that took the most time, longest first; operators with no time
         of their own (run only inside compiled graphs, timed whole) are left out."""
-        utilisation.require_timing(self.to_profile(), "top_ops_by_time")
-        timed = [item for item in self.by_operator().items() if item[1].latency_s]
+        p = self.to_profile()  # one snapshot inside the block
+        utilisation.require_timing(p, "top_ops_by_time")
+        timed = [item for item in p.by_operator().items() if item[1].latency_s]
         return sorted(timed, key=lambda item: -(item[1].latency_s or 0.0))[:k]
 
     def top_modules_by_time(self, k: int = 10, *, inclusive: bool = False
                             ) -> list[tuple[str, ModuleStats]]:
         """The ``k`` modules that took the most time: by the time of the ops they ran
         directly (default), or by their inclusive latency (the root first, then its parts)."""
-        utilisation.require_timing(self.to_profile(), "top_modules_by_time")
+        p = self.to_profile()  # one snapshot inside the block
+        utilisation.require_timing(p, "top_modules_by_time")
 
         def latency(m: ModuleStats) -> float:
             return (m.latency_s if inclusive else m.exclusive.latency_s) or 0.0
 
-        return sorted(self.by_module().items(), key=lambda item: -latency(item[1]))[:k]
+        return sorted(p.by_module().items(), key=lambda item: -latency(item[1]))[:k]
 
     # -- a device's roofs: roofline, MFU, HFU -----------------------------------------------
     def device(self, device: Optional[DeviceSpec] = None) -> DeviceSpec:

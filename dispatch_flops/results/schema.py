@@ -67,7 +67,7 @@ def to_dict(profile: Profile) -> dict:
                        for stack, (runs, forward, backward) in facts.graph_runs.items()],
         "in_graphs": list(facts.in_graphs),
         "total": profile.total.to_dict(),
-        "by_phase": {p: s.to_dict() for p, s in profile.by_phase().items()},
+        "by_phase": {str(p): s.to_dict() for p, s in profile.by_phase().items()},
         "model_flops": profile.model_flops(),
         "hardware_flops": profile.hardware_flops(),
         "by_module": {n: m.to_dict() for n, m in profile.by_module().items()},

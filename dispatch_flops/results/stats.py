@@ -26,6 +26,9 @@ class StringEnum(str, enum.Enum):
     def __format__(self, spec: str) -> str:
         return str.__format__(self, spec)
 
+    def __repr__(self) -> str:  # as its string's: a live run's reprs read as a loaded one's
+        return repr(self.value)
+
 
 ROOT = ""  # the root model's key in by_module(); without a model, everything is charged here
 # the root's one name wherever it is shown (tables, plots, reprs, the CLI): the model's class
@@ -265,10 +268,11 @@ class Coverage:
 
     def to_dict(self) -> dict:
         return {
-            "calls": dict(self.calls),
-            "bytes_moved": dict(self.bytes_moved),
-            "share_by_calls": {c: self.share(c, "calls") for c in CATEGORIES},
-            "share_by_bytes": {c: self.share(c, "bytes") for c in CATEGORIES},
+            # plain strings for keys: what every JSON or YAML writer takes
+            "calls": {str(c): n for c, n in self.calls.items()},
+            "bytes_moved": {str(c): n for c, n in self.bytes_moved.items()},
+            "share_by_calls": {str(c): self.share(c, "calls") for c in CATEGORIES},
+            "share_by_bytes": {str(c): self.share(c, "bytes") for c in CATEGORIES},
         }
 
     def __repr__(self) -> str:

@@ -59,7 +59,7 @@ def rows(profile) -> list[dict]:
         for name, module in profile.by_module(phase=phase).items():
             for op, stats in module.by_operator.items():
                 exclusive = own.get((name, phase, op), Stats())
-                row = {"module": name, "depth": depth_of(name), "phase": phase,
+                row = {"module": name, "depth": depth_of(name), "phase": str(phase),
                        "operator": op, "category": "|".join(sorted(categories[op]))}
                 row.update({s: getattr(stats, s) for s in _STATS})
                 row.update({f"exclusive_{s}": getattr(exclusive, s) for s in _STATS})

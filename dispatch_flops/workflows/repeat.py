@@ -8,6 +8,7 @@ are equal) and whose latencies are medians over the repeats.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Callable, Optional
 
@@ -73,3 +74,7 @@ def profile(*args, **kwargs) -> Profile:
                   "same result); profile will be removed in the next release",
                   FutureWarning, stacklevel=2)
     return measure(*args, **kwargs)
+
+
+# help() and IDEs show measure's parameters for the alias too
+profile.__signature__ = inspect.signature(measure)  # type: ignore[attr-defined]
