@@ -29,6 +29,7 @@ def header(out: str) -> str:
     return " ".join(line.strip() for line in out.split("\n\n")[0].splitlines())
 
 
+@pytest.mark.slow
 def test_no_arguments_profiles_the_demo():
     for args in ((), ("--depth", "1", "--seq-len", "16")):  # the README's command first
         done = cli(*args)
@@ -39,6 +40,7 @@ def test_no_arguments_profiles_the_demo():
         assert max(map(len, done.stdout.splitlines())) <= 100
 
 
+@pytest.mark.slow
 def test_factory_from_a_file_with_exports(tmp_path):
     """MODULE:FACTORY as a file: the table, and JSON that reads back to the same table."""
     done = cli(CNN, "--input-shape", "2,3,8,8", "--backward", "--depth", "1",
@@ -67,6 +69,7 @@ def run(*args, capsys):
     return code, out, err
 
 
+@pytest.mark.slow
 def test_bad_import_bad_shape_missing_device():
     """Subprocess: the three errors users meet first, each a clear line, no traceback."""
     for args, message in (
@@ -242,6 +245,7 @@ def test_readme_and_help_examples_are_found():
     assert len(readme_examples()) >= 3 and len(help_examples()) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", sorted(set(help_examples()) | set(readme_examples())))
 def test_every_help_example_runs(example, tmp_path):
     """Each example of --help and README runs as written (my_models.py: a small stand-in for

@@ -21,7 +21,9 @@ from dispatch_flops.formulas.estimates import pointwise_estimate
 aten = torch.ops.aten
 
 
-@torch.library.custom_op("dispatch_flops_test::scaled_sin", mutates_args=(), tags=torch.Tag.pointwise)
+# tags as a tuple: torch < 2.12 takes only a sequence
+@torch.library.custom_op("dispatch_flops_test::scaled_sin", mutates_args=(),
+                         tags=(torch.Tag.pointwise,))
 def scaled_sin(x: torch.Tensor) -> torch.Tensor:
     return 3 * torch.sin(x)
 

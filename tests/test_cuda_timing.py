@@ -164,24 +164,34 @@ def test_nested_counter_times_the_op_alone(fake, outer_timing):
 
 
 def test_nested_counter_on_the_cpu_times_the_op_alone(monkeypatch):
-    """The same on the host clock: the outer counter's per-op work (slowed here to 2 ms an
-    op) is not in the inner counter's times."""
+    """The same on the host clock, made virtual so that load cannot move it: each read of the
+    clock advances it one tick, and the outer counter's per-op work advances it 2 ms. The
+    inner counter's op took one tick (nothing but the op between its two reads); with the
+    outer counter's work inside it, it would take 2 ms more."""
+    now = [0]
+
+    def clock():
+        now[0] += 1
+        return now[0]
+
     real = _mode._current_node
+    outer_work = []
 
     def slow():
-        deadline = _timing.perf_counter_ns() + 2_000_000
-        while _timing.perf_counter_ns() < deadline:
-            pass
+        outer_work.append(now[0])
+        now[0] += 2_000_000
         return real()
 
+    monkeypatch.setattr(_timing, "perf_counter_ns", clock)
     a = torch.randn(8, 8)
     with FlopCounter() as outer:
         with FlopCounter(timing=True) as inner:
             monkeypatch.setattr(_mode, "_current_node", slow)
             a @ a
             monkeypatch.setattr(_mode, "_current_node", real)
+    assert outer_work  # the slowed work ran, in this op's dispatch
     assert outer.total.calls == inner.total.calls == 1
-    assert inner.total.latency_s < 1e-3
+    assert inner.total.latency_s * 1e9 == pytest.approx(1)
 
 
 def test_graph_capture_counts_ops_without_time(fake):

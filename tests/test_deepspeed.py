@@ -134,6 +134,7 @@ def test_printed_module_numbers_equal_by_module():
     assert summary_value(text, "fwd latency:") == duration(modules[ROOT].latency_s, compact=True)
 
 
+@pytest.mark.slow
 def test_bert_base_printout_reproduces_seed_macs(tmp_path):
     """BERT-base, batch 1, 128 tokens: the printed MACs of the root, the self-attention, the
     query Linear, the intermediate block and the pooler are flops-profiler's seed figures."""
@@ -311,6 +312,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_world_sizes_from_a_real_gloo_group(tmp_path):
     """Two spawned ranks in a gloo group print world size 2; dp = world / mp."""
     import dist_worker

@@ -57,6 +57,7 @@ def ring_gather(size, n):
     return size * (n - 1) // n
 
 
+@pytest.mark.slow
 def test_every_op_priced_in_every_run(world):
     """No op is unsupported or estimated in the TP, FSDP2 and DDP runs of any rank."""
     n, ranks = world
@@ -67,6 +68,7 @@ def test_every_op_priced_in_every_run(world):
             assert (rank[run]["rank"], rank[run]["world_size"]) == (ranks.index(rank), n)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_counts_local_shards(world):
     """Each rank counts its shard's MACs (closed form on the local shapes), forward and
     backward; the ranks sum to the single-process count, which the DTensor-level (logical)
@@ -85,6 +87,7 @@ def test_tensor_parallel_counts_local_shards(world):
         assert sum(r["tp"]["macs"][phase] for r in ranks) == ranks[0]["single"]["macs"][phase]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_all_reduce_is_priced_by_the_ring(world):
     """Row-wise parallel all-reduces the [B, D] partial sums: S * 2(n-1)/n per rank."""
     n, ranks = world
@@ -96,6 +99,7 @@ def test_tensor_parallel_all_reduce_is_priced_by_the_ring(world):
         assert any(k.startswith("_c10d_functional.wait_tensor|") for k in rank["tp"]["comm"])
 
 
+@pytest.mark.slow
 def test_fsdp2_counts_the_local_batch_and_prices_each_unit(world):
     """FSDP2: each rank's flops and MACs equal a single process on its own batch; every
     all-gather and reduce-scatter moves (n-1)/n of its unit's padded flat parameters, and
@@ -129,6 +133,7 @@ def test_fsdp2_counts_the_local_batch_and_prices_each_unit(world):
         assert total == sum(rank["fsdp"]["comm_bytes"].values())
 
 
+@pytest.mark.slow
 def test_ddp_all_reduces_the_gradient_bucket(world):
     """DDP: one bucket holding every gradient, all-reduced in backward: bucket bytes x
     2(n-1)/n; MACs equal a single process on the local batch."""
@@ -142,6 +147,7 @@ def test_ddp_all_reduces_the_gradient_bucket(world):
         assert sum(rank["ddp"]["comm_bytes"].values()) == rank["ddp"]["comm_bytes"]["backward"]
 
 
+@pytest.mark.slow
 def test_gather_sums_ranks_and_keeps_them(world):
     """On rank 0 the gathered Profile sums the ranks, keeps them in rank order, shows min and
     max columns; other ranks get None."""
@@ -161,6 +167,7 @@ def test_gather_sums_ranks_and_keeps_them(world):
     assert all("tp_gathered" not in r for r in ranks[1:])
 
 
+@pytest.mark.slow
 def test_a_failed_rank_ends_gather_with_an_error(world):
     """The last rank raised inside its block and never gathered: rank 0's gather raises
     after its timeout, naming it; the other ranks' gather returns None."""
@@ -170,6 +177,7 @@ def test_a_failed_rank_ends_gather_with_an_error(world):
     assert "failed_gather" not in ranks[-1]
 
 
+@pytest.mark.slow
 def test_deepspeed_printout_reads_the_device_mesh(world):
     """World / dp / mp sizes: tensor parallel on a 1-D mesh is model parallel, FSDP2 data
     parallel."""

@@ -31,6 +31,8 @@ from dispatch_flops import (  # noqa: E402
     profile_generate,
 )
 
+pytestmark = pytest.mark.slow  # transformers models run through generate()
+
 LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
              bos_token_id=None, eos_token_id=None)  # no end of sequence: every step runs

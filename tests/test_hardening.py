@@ -74,6 +74,7 @@ def test_no_optimizer_or_scheduler_grows_a_counter_kept_open(name):
     assert seen[0] == seen[1]
 
 
+@pytest.mark.slow
 def test_a_thousand_adamw_steps_in_bounded_memory():
     """1,000 steps with one counter open (AdamW and a cosine schedule, the reported case):
     from step 100 to step 1,000 Python memory grows no more than the same loop's without a

@@ -33,6 +33,7 @@ def reference_model_flops(model, batch: dict) -> int:
     return fc.model_flops()
 
 
+@pytest.mark.slow
 def test_transformers_callback_logs_flops_of_counted_steps(tmp_path):
     transformers = pytest.importorskip("transformers")
     from dispatch_flops.integrations.transformers import FlopsCallback
@@ -100,6 +101,7 @@ def test_unknown_device_logs_no_mfu_and_says_why():
     assert "mfu" not in metrics and metrics["model_flops"] > 0
 
 
+@pytest.mark.slow
 def test_lightning_callback_logs_flops_of_counted_steps(tmp_path):
     lightning = pytest.importorskip("lightning")
     from dispatch_flops.integrations.lightning import FlopsCallback

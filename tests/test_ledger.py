@@ -202,6 +202,7 @@ def test_ledger_goes_with_its_model_and_a_registry_change():
     assert not engine_cache(registry).ledgers  # a new cache: the formula is seen
 
 
+@pytest.mark.slow
 def test_torch_compile_never_traces_the_counter():
     """torch.compile inside the block compiles the user's code, none of our frames (as with
     torch's own wrapper: no graph break but the user's), and counts what eager counts."""

@@ -1,10 +1,13 @@
 """Whole-model figures: GPT-2 small and BERT-base, batch 1, 128 tokens."""
 
+import pytest
 import torch
 from bert import BertModel
 
 from dispatch_flops import ROOT, FlopCounter, human
 from dispatch_flops.models import GPT, GPT2_SMALL
+
+pytestmark = pytest.mark.slow  # full-size models: 124M and 110M parameters
 
 
 def test_gpt2_small_forward_macs_exact():

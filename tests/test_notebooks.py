@@ -13,6 +13,8 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
+pytestmark = pytest.mark.slow  # a Jupyter kernel per notebook
+
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
 # training_and_roofline.ipynb uses the optimizer/recompute phases, hfu() and saved
 # activations (issue 6); until they are in the package it must fail, and then it must pass

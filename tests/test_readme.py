@@ -17,6 +17,8 @@ import torch
 from dispatch_flops import FlopCounter
 from dispatch_flops.models import GPT, GPTConfig
 
+pytestmark = pytest.mark.slow  # the whole README: Trainer, Lightning, torchrun
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 _BLOCK = re.compile(r"```python\n(?P<code>.*?)```", re.S)

@@ -11,6 +11,8 @@ from torch import nn
 
 from dispatch_flops import FlopCounter
 
+pytestmark = pytest.mark.slow  # transformers models and every optimizer
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 VOCAB = 97
