@@ -78,8 +78,8 @@ def pooling_configs(draw, dims=None):
     stride = [draw(st.integers(1, 3)) for _ in range(d)]
     padding = [draw(st.integers(0, k // 2)) for k in kernel]
     dilation = [draw(st.integers(1, 2)) for _ in range(d)]
-    spatial = [draw(st.integers(dilation[i] * (kernel[i] - 1) + 1, dilation[i] * (kernel[i] - 1) + 5))
-               for i in range(d)]
+    reach = [dilation[i] * (kernel[i] - 1) for i in range(d)]
+    spatial = [draw(st.integers(reach[i] + 1, reach[i] + 5)) for i in range(d)]
     return dict(d=d, kernel=kernel, stride=stride, padding=padding, dilation=dilation,
                 ceil_mode=draw(st.booleans()), spatial=spatial, batch=draw(st.integers(1, 2)),
                 channels=draw(st.integers(1, 2)))

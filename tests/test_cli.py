@@ -192,7 +192,7 @@ def test_one_mode_for_table_and_deepspeed_stated_in_the_header(flags, mode, tmp_
     assert dropped == (mode == "train")  # the model really ran in that mode
     from dispatch_flops import human
     forward = loaded.by_phase()["forward"].macs
-    line = next(l for l in out.splitlines() if l.startswith("fwd MACs per device:"))
+    line = next(s for s in out.splitlines() if s.startswith("fwd MACs per device:"))
     assert line.split(":")[1].strip() == human(forward, "MACs", compact=True)
 
 

@@ -83,7 +83,8 @@ def test_coverage_shares_by_calls_and_bytes():
     """coverage() splits calls and bytes moved over the four categories; no-arithmetic counts
     as priced exactly, and is also shown on its own; shares sum to 1."""
     reg = Registry()
-    reg.formula(aten.mm)(lambda a, b, *, out_shape: Cost(2 * a[0] * a[1] * b[1], a[0] * a[1] * b[1]))
+    reg.formula(aten.mm)(
+        lambda a, b, *, out_shape: Cost(2 * a[0] * a[1] * b[1], a[0] * a[1] * b[1]))
     reg.estimate(torch.Tag.pointwise, pointwise_estimate)
     a, b = torch.randn(4, 8), torch.randn(8, 2)
     with FlopCounter(registry=reg) as fc:
@@ -103,7 +104,7 @@ def test_coverage_shares_by_calls_and_bytes():
         cov.share(EXACT, "flops")
     with pytest.raises(ValueError, match="category"):
         cov.share("formula")
-    line = next(l for l in fc.table(width=1000).splitlines() if l.startswith("Coverage"))
+    line = next(s for s in fc.table(width=1000).splitlines() if s.startswith("Coverage"))
     assert line.startswith("Coverage (calls / bytes moved): priced exactly 33.3% / ")
     assert "estimated 33.3% / " in line and "unsupported 33.3% / " in line
     data = json.loads(json.dumps(fc.to_dict()))

@@ -6,7 +6,6 @@ what it saw); the oracles are computed here: closed forms on the shard shapes, a
 single-process count each rank made of the same model."""
 
 import json
-import math
 import socket
 import time
 

@@ -13,7 +13,7 @@ from dispatch_flops import ROOT, FlopCounter, Profile, Stats, measure
 from dispatch_flops.engine import trace as _trace
 from dispatch_flops.export import COLUMNS, rows
 from dispatch_flops.results.stats import PHASES
-from helpers import TINY, step, tiny_gpt, tiny_ids
+from helpers import step, tiny_gpt, tiny_ids
 
 
 def gpt_run(**options):
@@ -95,7 +95,8 @@ def test_json_schema(tmp_path):
     data = json.loads((tmp_path / "run.json").read_text())
     assert data["schema_version"] == 2
     for key in ("model", "attention", "timing", "repeats", "wall_s", "dtype", "device",
-                "device_name", "has_model", "steps", "rank", "world_size", "saved", "modules", "total", "by_phase", "by_module",
+                "device_name", "has_model", "steps", "rank", "world_size", "saved", "modules",
+                "total", "by_phase", "by_module",
                 "by_operator", "unsupported_ops", "records"):
         assert key in data, key
     assert data["dtype"] == "float32" and data["device"] == "cpu" and data["has_model"]

@@ -291,7 +291,8 @@ def test_layer_norm_and_softmax_closed_forms(shape, affine):
     fc = ours(lambda: ln(x).sum().backward())
     n = x.numel()
     fwd = fc.by_operator(phase="forward")["aten.native_layer_norm"]
-    assert fwd.flops == n * (ELEMENT_COSTS["layer_norm"] + 2 * affine * ELEMENT_COSTS["norm_affine"])
+    per_element = ELEMENT_COSTS["layer_norm"] + 2 * affine * ELEMENT_COSTS["norm_affine"]
+    assert fwd.flops == n * per_element
     bwd = fc.by_operator(phase="backward")["aten.native_layer_norm_backward"]
     assert bwd.flops == n * ELEMENT_COSTS["layer_norm_backward_input"] + (3 * n if affine else 0)
     assert fwd.macs == bwd.macs == 0

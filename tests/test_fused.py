@@ -25,9 +25,9 @@ def count(fn):
 @settings(max_examples=10)
 def test_multi_head_attention_fast_path_matches_slow_path(batch, length, dims, need_weights,
                                                           masked):
-    """_native_multi_head_attention (eval, no grad; torch wants an even head count) has the MACs of the slow path's linears and
-    attention products; flops within 10% (the slow path scales q per element, a padding mask
-    is applied differently)."""
+    """_native_multi_head_attention (eval, no grad; torch wants an even head count) has the
+    MACs of the slow path's linears and attention products; flops within 10% (the slow path
+    scales q per element, a padding mask is applied differently)."""
     embed, heads = dims
     mha = nn.MultiheadAttention(embed, heads, batch_first=True).eval()
     x = torch.randn(batch, length, embed)

@@ -25,9 +25,9 @@ def naive_lu_ops(m: int, n: int) -> int:
     """Run Doolittle elimination on an m x n matrix of symbols, counting each operation."""
     ops = 0
     for k in range(min(m, n)):
-        for i in range(k + 1, m):
+        for _i in range(k + 1, m):
             ops += 1  # l = a[i][k] / a[k][k]
-            for j in range(k + 1, n):
+            for _j in range(k + 1, n):
                 ops += 2  # a[i][j] -= l * a[k][j]
     return ops
 
@@ -36,7 +36,7 @@ def naive_cholesky_ops(n: int) -> int:
     ops = 0
     for j in range(n):
         ops += 2 * j + 1  # a[j][j] - sum of j squares, then a square root
-        for i in range(j + 1, n):
+        for _i in range(j + 1, n):
             ops += 2 * j + 1  # a[i][j] - sum of j products, then a divide
     return ops
 

@@ -40,5 +40,5 @@ def test_bert_base_reproduces_seed_figures():
     }
     for name, figure in printed.items():
         assert human(m[name].macs, "MACs") == figure, name
-    assert all(m[f"encoder.layer.{i}.attention.self"].macs == m["encoder.layer.0.attention.self"].macs
-               for i in range(12))
+    first = m["encoder.layer.0.attention.self"].macs
+    assert all(m[f"encoder.layer.{i}.attention.self"].macs == first for i in range(12))

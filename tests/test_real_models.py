@@ -146,7 +146,8 @@ def _nn_workloads():
         sum(o.sum() for o in outs).backward()
 
     return {
-        "encoder_train": (encoder, lambda: encoder(seq, src_key_padding_mask=padding).sum().backward()),
+        "encoder_train": (encoder, lambda: encoder(seq, src_key_padding_mask=padding).sum()
+                          .backward()),
         "encoder_eval_fast_path": (encoder, eval_no_grad(
             encoder, lambda: encoder(seq, src_key_padding_mask=padding))),
         "multihead_attention": (mha, lambda: mha(seq, seq, seq)[0].sum().backward()),

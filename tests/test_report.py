@@ -89,10 +89,11 @@ def test_top_ops_per_module_inline():
     lines = text.splitlines()[2:]
     modules = fc.by_module()
     for name in ("lm_head", "blocks"):
-        at = next(i for i, l in enumerate(lines) if l.split()[0] == name)
+        at = next(i for i, line in enumerate(lines) if line.split()[0] == name)
         expected = sorted(((op, s.flops) for op, s in modules[name].by_operator.items()
                            if s.flops), key=lambda t: (-t[1], t[0]))[:k]
-        listed = [l.split("↳")[1].split()[0] for l in lines[at + 1: at + 1 + len(expected)]]
+        listed = [line.split("↳")[1].split()[0]
+                  for line in lines[at + 1: at + 1 + len(expected)]]
         assert listed == [op for op, _ in expected]
     with pytest.raises(ValueError, match="ops must be"):
         fc.table(ops=-1)
@@ -116,8 +117,9 @@ def test_deep_names_are_shortened_to_fit():
         model(torch.randn(2, 4))
     text = fc.table(depth=20, width=45)
     assert max(map(len, text.splitlines())) <= 45
-    rows = [l.split("  ")[0] for l in text.splitlines()[2:] if "·" in l]
-    assert len(rows) == 5  # depth 2 to 6: each names only its own part, cut in the middle when too long
+    rows = [line.split("  ")[0] for line in text.splitlines()[2:] if "·" in line]
+    # depth 2 to 6: each names only its own part, cut in the middle when too long
+    assert len(rows) == 5
     assert all(r.count("a_rather") <= 1 for r in rows) and any("…" in r for r in rows)
 
 

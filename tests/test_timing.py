@@ -41,7 +41,8 @@ def test_every_module_timed_and_parents_cover_children(phase):
         if name in modules and modules[name].exclusive.calls:
             assert modules[name].latency_s > 0, name
     for name, m in modules.items():  # to the nanosecond: sums of float seconds round
-        assert m.latency_s >= sum(modules[c].latency_s for c in children(modules, name)) - 1e-9, name
+        inside = sum(modules[c].latency_s for c in children(modules, name))
+        assert m.latency_s >= inside - 1e-9, name
     assert fc.wall_s >= modules[ROOT].latency_s > 0
 
 
@@ -127,7 +128,8 @@ def test_roofline_closed_form():
     # the default numerator is 2 x MACs (the mm's 64^3), "all" adds the add's 64^2 flops
     assert fc.mfu(spec, torch.float32) == pytest.approx(2 * 64**3 / (fc.wall_s * 1e9))
     assert fc.mfu(spec, torch.float32, flops="all") == pytest.approx(
-        fc.total.flops / (fc.wall_s * 1e9)) == pytest.approx((2 * 64**3 + 64**2) / (fc.wall_s * 1e9))
+        fc.total.flops / (fc.wall_s * 1e9)) == pytest.approx(
+        (2 * 64**3 + 64**2) / (fc.wall_s * 1e9))
     assert fc.hfu(spec, torch.float32) == fc.mfu(spec, torch.float32)  # no optimizer, recompute
     with pytest.raises(ValueError, match="contraction"):
         fc.mfu(spec, torch.float32, flops="model")

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from dispatch_flops import ROOT, FlopCounter
-from dispatch_flops.models import GPT, GPTConfig, Llama, LlamaConfig
+from dispatch_flops.models import Llama, LlamaConfig
 from helpers import step, tiny_gpt, tiny_ids
 
 
