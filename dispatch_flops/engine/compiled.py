@@ -16,8 +16,8 @@ runs eagerly and is counted as eager, and caches the skip on each code object as
 exec strategy; ``_watch_skips`` notes those codes and ``_restore_skipped`` sets their strategy
 back when the last counter leaves, so the compiled code (never dropped) runs again. Tested on
 2.8.0 (tests/test_compiled.py::test_stays_compiled_after_counting fails there without it).
-2.4 and 2.5 have no per-code strategy to set back; nothing is watched there (untested: this
-package does not import on 2.5.1).
+(The package declares torch >= 2.8; torch 2.4 and 2.5 had no per-code strategy to set back,
+and nothing is watched where a torch lacks it.)
 
 **Count what compiled code runs.** Every graph dynamo hands to a backend (inductor or any
 other) is wrapped in a ``Graph`` (``install``, once, when this package and dynamo are both imported:
