@@ -4,9 +4,11 @@ written whole or not at all (``write_text``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
-from typing import TYPE_CHECKING, Union
+import secrets
+import stat
+from typing import TYPE_CHECKING, Optional, Union
 
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
 from dispatch_flops.results.rows import Row, RowKey, accumulate
@@ -20,18 +22,44 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def write_text(path: PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, renamed
-    over it once written (an error leaves any earlier file as it was)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dispatch_flops-", suffix=".tmp")
+    """Write ``text`` to ``path`` whole or not at all: a temporary file beside the file,
+    renamed over it once written, so an error leaves any earlier file as it was and no
+    temporary file behind. A symlink is followed (its target is written; the link stays).
+    The file keeps the mode of the one it replaces; a new one gets the umask's, as ``open``
+    gives. UTF-8, the encoding ``from_json`` reads; a lone surrogate (a module may be named
+    anything) is written as its escape, ``\\ud800``, rather than lose the whole file."""
+    target = os.path.realpath(os.fspath(path))
     try:
-        with os.fdopen(fd, "w", newline="") as f:
+        mode: Optional[int] = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _create_beside(target)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace",
+                       newline="") as f:
             f.write(text)
-        os.replace(tmp, path)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):  # the error to raise is the one that got here
+            os.unlink(tmp)
         raise
+
+
+def _create_beside(target: str) -> tuple[int, str]:
+    """A new, empty file in ``target``'s folder: (its descriptor, its path). Created with
+    mode 0o666 less the umask, as ``open`` creates (``mkstemp``'s 0o600 would make every
+    export private)."""
+    folder = os.path.dirname(target) or "."
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(folder, f".dispatch_flops-{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # a name taken: draw another
+            continue
+    raise FileExistsError(f"no free temporary file name in {folder}")
 
 
 def to_dict(profile: Profile) -> dict:
