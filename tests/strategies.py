@@ -92,3 +92,54 @@ def reduction_cases(draw):
     dims = draw(st.lists(st.integers(0, len(shape) - 1), unique=True, min_size=1,
                          max_size=len(shape)))
     return shape, dims, draw(st.booleans())
+
+
+# ---- saved runs (issue 31) -------------------------------------------------------------------
+# values a hostile or careless file may hold where a count, a time, a name or a list belongs
+NASTY_VALUES = st.one_of(
+    st.sampled_from([-1, 0, 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, 2**100 - 1, 2**100,
+                     10**400, -(2**63), True, False, None, float("nan"), float("inf"),
+                     float("-inf"), -0.0, 0.5, 1e308, 1e-300, "", "0", "load", "float32",
+                     "forward", "exact", "aten.mm", "mylib.op", "__class__.__name__", ".",
+                     "x" * 300, [], {}, [[]], [""], ["", "0"], [0], {"": 0}]),
+    st.integers(), st.floats(), st.text(max_size=8), st.booleans(),
+    st.lists(st.integers(-2, 9), max_size=3), st.lists(st.text(max_size=3), max_size=3))
+
+
+def _paths(value, path=()):
+    """Every (path, container) below ``value``: where a mutation can land."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield path + (key,), value
+            yield from _paths(item, path + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield path + (i,), value
+            yield from _paths(item, path + (i,))
+
+
+@st.composite
+def mutated(draw, data: dict):
+    """A deep copy of ``data`` (a valid ``to_dict()``) with one to three fields damaged: a
+    value replaced by one of ``NASTY_VALUES``, a key deleted, a list emptied or an item
+    repeated. The paths and kinds are drawn, so hypothesis shrinks to the one that matters."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for _ in range(draw(st.integers(1, 3))):
+        places = list(_paths(data))
+        if not places:
+            break
+        path, container = draw(st.sampled_from(places))
+        key = path[-1]
+        how = draw(st.sampled_from(["replace", "replace", "replace", "delete", "repeat",
+                                    "empty"]))
+        if how == "replace":
+            container[key] = draw(NASTY_VALUES)
+        elif how == "delete" and isinstance(container, dict):
+            del container[key]
+        elif how == "repeat" and isinstance(container, list):
+            container.insert(key, copy.deepcopy(container[key]))
+        elif how == "empty" and isinstance(container[key], (list, dict)):
+            container[key] = type(container[key])()
+    return data

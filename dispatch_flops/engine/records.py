@@ -13,8 +13,8 @@ signature is worked out once (``Signature``) and priced once (``Signature.unit``
 record only counts calls. ``Captured`` copies a ledger's counts when a counter ends and turns
 them into Profile rows when read: one row per (module stack, phase, overload), counts in
 ``COUNTS`` order then ns. A formula that fails, or returns what is not a ``Cost`` of
-non-negative integers, loses nothing else: its calls are reported unsupported, with the error
-(``PricingError``), and warned about once.
+integers within the bounds of ``results.validate`` (0 to 2**100 - 1), loses nothing else:
+its calls are reported unsupported, with the error (``PricingError``), and warned about once.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Optional, Union
 
 from dispatch_flops.formulas import ELEMENT_COSTS, Category, Cost
 from dispatch_flops.formulas.costs import CostTable
+from dispatch_flops.results import validate
 from dispatch_flops.results.rows import ROW, RowKey
 from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
@@ -42,7 +43,8 @@ CATEGORY_NAMES = {c.value: c for c in Category}
 
 
 class PricingError(Exception):
-    """A formula that raised, or returned what is not a ``Cost`` of integers >= 0."""
+    """A formula that raised, or returned what is not a ``Cost`` of counts
+    (integers from 0 to 2**100 - 1: ``results.validate``)."""
 
 
 class Signature:
@@ -96,12 +98,19 @@ def _shapes_of(call) -> str:
 
 
 def _count(name: str, value, where: str) -> int:
-    try:
-        value = operator.index(value)  # ints, numpy integers, bools
-    except TypeError:
-        raise PricingError(f"{where}: {name} is {value!r}, not an integer") from None
-    if value < 0:
-        raise PricingError(f"{where}: {name} is {value}, below 0")
+    """``value`` as a count, within the bounds every count of a Profile keeps
+    (``results.validate``: an int from 0 to 2**100 - 1), else ``PricingError``."""
+    if isinstance(value, bool):  # a flag, not a count
+        problem: Optional[str] = f" is {value}, not an integer"
+    else:
+        try:
+            value = operator.index(value)  # ints, numpy integers
+        except TypeError:
+            problem = f" is {validate.shown(value)}, not an integer"
+        else:
+            problem = validate.count(value)
+    if problem is not None:
+        raise PricingError(f"{where}: {name}{problem}")
     return value
 
 
@@ -116,14 +125,14 @@ def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
     """One call's ``PRICED`` counts: the formula's flops and MACs (zero without a formula),
     the bytes moved: the engine's figures unless the formula's ``Cost`` gives its own (an
     op that touches part of a tensor). ``PricingError`` when the formula returns what is not
-    a ``Cost`` of integers >= 0."""
+    a ``Cost`` of counts."""
     return unit_of(resolved.price(call), bytes_read, bytes_written,
                    f"{resolved.func} with {_shapes_of(call)}")
 
 
 def unit_of(cost, bytes_read: int, bytes_written: int, where: str) -> tuple:
     """One call's ``PRICED`` counts from its ``Cost`` and the engine's byte figures (which the
-    ``Cost`` may replace), each checked: ``PricingError`` unless integers >= 0."""
+    ``Cost`` may replace), each checked: ``PricingError`` unless counts (``_count``)."""
     if not isinstance(cost, Cost):
         raise PricingError(f"{where}: the formula returned {cost!r}, not a "
                            "dispatch_flops.Cost(flops, macs)")

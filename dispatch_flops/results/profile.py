@@ -18,13 +18,12 @@ True
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 import torch
 
-from dispatch_flops.results import combine, schema
+from dispatch_flops.results import combine, schema, validate
 from dispatch_flops.results.combine import since
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
 from dispatch_flops.results.queries import ProfileViews
@@ -138,7 +137,7 @@ class Profile(ProfileViews):
     @property
     def dtype(self) -> torch.dtype:
         """The model's parameter dtype (float32 without a model)."""
-        return getattr(torch, self.run.dtype, torch.float32)
+        return validate.torch_dtype(self.run.dtype)
 
     def __enter__(self):
         raise RuntimeError("a Profile holds a finished run and cannot count; count with a new "
@@ -161,13 +160,15 @@ class Profile(ProfileViews):
 
     @classmethod
     def from_json(cls, path: schema.PathLike) -> Profile:
-        """The Profile a ``to_json`` file holds."""
-        with open(path) as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{os.fspath(path)} is not JSON: {e}") from None
-        return cls.from_dict(data, source=os.fspath(path))
+        """The Profile a ``to_json`` file holds; ``ValueError`` naming what in it is not a
+        run (docs/limits.md: what a file is checked for)."""
+        source = os.fspath(path)
+        try:  # the text alone: the bytes it was decoded from are freed before it is parsed
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source} is not JSON (not UTF-8 text: {e})") from None
+        return cls(*schema.loads(text, source))
 
     # -- combining runs (results.combine says how each fact combines) ------------------------
     @classmethod

@@ -1,16 +1,30 @@
-"""A Profile as plain data and back: ``to_dict`` (the JSON schema of docs/schema.md) and
-``from_dict``, with every field a file must have checked, and mistakes named. Files are
-written whole or not at all (``write_text``)."""
+"""A Profile as plain data and back: ``to_dict`` (the JSON schema of docs/schema.md), and
+``from_dict`` and ``loads`` (JSON text, parsed as it is read), every field checked against
+``validate``'s bounds and mistakes named. Files are written whole or not at all
+(``write_text``)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import json.decoder
 import os
-import tempfile
-from typing import TYPE_CHECKING, Union
+import secrets
+import stat
+from operator import add, itemgetter
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, Optional, Union
 
+from dispatch_flops.results import validate
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
-from dispatch_flops.results.rows import Row, RowKey, accumulate
+from dispatch_flops.results.rows import Row, RowKey
 from dispatch_flops.results.stats import COUNTS, ROOT
+from dispatch_flops.results.validate import (
+    CATEGORY_NAMES,
+    COUNT_LIMIT,
+    DTYPE_NAMES,
+    PHASE_NAMES,
+    SECONDS_LIMIT,
+)
 
 if TYPE_CHECKING:
     from dispatch_flops.results.profile import Profile
@@ -20,18 +34,44 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def write_text(path: PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, renamed
-    over it once written (an error leaves any earlier file as it was)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dispatch_flops-", suffix=".tmp")
+    """Write ``text`` to ``path`` whole or not at all: a temporary file beside the file,
+    renamed over it once written, so an error leaves any earlier file as it was and no
+    temporary file behind. A symlink is followed (its target is written; the link stays).
+    The file keeps the mode of the one it replaces; a new one gets the umask's, as ``open``
+    gives. UTF-8, the encoding ``from_json`` reads; a lone surrogate (a module may be named
+    anything) is written as its escape, ``\\ud800``, rather than lose the whole file."""
+    target = os.path.realpath(os.fspath(path))
     try:
-        with os.fdopen(fd, "w", newline="") as f:
+        mode: Optional[int] = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _create_beside(target)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace",
+                       newline="") as f:
             f.write(text)
-        os.replace(tmp, path)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):  # the error to raise is the one that got here
+            os.unlink(tmp)
         raise
+
+
+def _create_beside(target: str) -> tuple[int, str]:
+    """A new, empty file in ``target``'s folder: (its descriptor, its path). Created with
+    mode 0o666 less the umask, as ``open`` creates (``mkstemp``'s 0o600 would make every
+    export private)."""
+    folder = os.path.dirname(target) or "."
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(folder, f".dispatch_flops-{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # a name taken: draw another
+            continue
+    raise FileExistsError(f"no free temporary file name in {folder}")
 
 
 def to_dict(profile: Profile) -> dict:
@@ -80,26 +120,158 @@ def to_dict(profile: Profile) -> dict:
 
 
 def from_dict(data: dict, source: str = "data") -> tuple[list[Row], ModuleFacts, RunFacts]:
-    """The rows and facts ``to_dict()``'s data holds; ``ValueError`` naming what is missing
-    or mistyped, and where."""
+    """The rows and facts ``to_dict()``'s data holds, every field checked (``validate``):
+    ``ValueError`` naming what is missing, mistyped or out of range, and where
+    (``"run.json: records[3].stats.flops is -5, below 0"``)."""
+    _check_run(data, source)
+    return rows_of(data["records"], source), *_facts(data)
+
+
+def loads(text: Union[str, bytes], source: str) -> tuple[list[Row], ModuleFacts, RunFacts]:
+    """``from_dict(json.loads(text))``, read as it is parsed: the records become rows one by
+    one and the views (``total``, ``by_module``, ...: computed again from the rows) are
+    dropped as soon as they are parsed, so a file never stands whole in memory as Python
+    objects. ``ValueError`` for what is not JSON, nests too deep, or ``from_dict`` refuses."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source} is not JSON: {e}") from None
+    try:
+        return _Reader(text, source).read()
+    except RecursionError:  # the parser's own guard against a stack overflow
+        raise ValueError(f"{source} nests deeper than any dispatch_flops run: not read") \
+            from None
+
+
+# keys of to_dict() that are views of the records: parsed (to find their end), then dropped
+_VIEWS = frozenset(("total", "by_phase", "model_flops", "hardware_flops", "by_module",
+                    "by_operator", "unsupported_ops", "estimated_ops", "coverage"))
+# the C parser of the standard library, driven one value at a time
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_string = json.decoder.scanstring  # type: ignore[attr-defined]
+_space = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+
+
+class _Reader:
+    """Reads a JSON text's top-level object key by key, and its ``records`` array value by
+    value (once the text has said it is this schema's version)."""
+
+    def __init__(self, text: str, source: str):
+        self.text = text
+        self.source = source
+
+    def fail(self, message: str, at: int) -> NoReturn:
+        error = json.JSONDecodeError(message, self.text, at)
+        raise ValueError(f"{self.source} is not JSON: {error}")
+
+    def value(self, at: int) -> tuple[Any, int]:
+        try:
+            return _scan(self.text, at)
+        except StopIteration as e:
+            self.fail("Expecting value", e.value)
+        except ValueError as e:  # JSONDecodeError, or an integer too long to convert
+            raise ValueError(f"{self.source} is not JSON: {e}") from None
+
+    def skip(self, at: int) -> int:
+        return _space(self.text, at).end()
+
+    def read(self) -> tuple[list[Row], ModuleFacts, RunFacts]:
+        text, source = self.text, self.source
+        at = self.skip(0)
+        if text[at:at + 1] != "{":  # not an object: from_dict says what it is
+            data, at = self.value(at)
+            self.end(at)
+            return from_dict(data, source)
+        head: dict = {}
+        rows: Optional[list[Row]] = None
+        at = self.skip(at + 1)
+        if text[at:at + 1] == "}":
+            at += 1
+        else:
+            while True:
+                if text[at:at + 1] != '"':
+                    self.fail("Expecting property name enclosed in double quotes", at)
+                try:
+                    key, at = _string(text, at + 1)
+                except ValueError as e:
+                    raise ValueError(f"{source} is not JSON: {e}") from None
+                at = self.skip(at)
+                if text[at:at + 1] != ":":
+                    self.fail("Expecting ':' delimiter", at)
+                at = self.skip(at + 1)
+                if (key == "records" and text[at:at + 1] == "["
+                        and head.get("schema_version") == SCHEMA_VERSION):
+                    end = [at]
+                    rows = rows_of(self.records(at, end), source)
+                    at = end[0]
+                    head.pop(key, None)  # a key given twice: the last one counts, as in json
+                else:
+                    value, at = self.value(at)
+                    if key not in _VIEWS:
+                        head[key] = value
+                        if key == "records":
+                            rows = None
+                at = self.skip(at)
+                if text[at:at + 1] == ",":
+                    at = self.skip(at + 1)
+                    continue
+                if text[at:at + 1] != "}":
+                    self.fail("Expecting ',' delimiter", at)
+                at += 1
+                break
+        self.end(at)
+        if rows is None:
+            return from_dict(head, source)
+        head["records"] = []  # read already
+        _check_run(head, source)
+        return rows, *_facts(head)
+
+    def records(self, at: int, end: list) -> Iterator[Any]:
+        """The values of the array at ``at``, one at a time; ``end[0]`` is set past it."""
+        text = self.text
+        at = self.skip(at + 1)
+        if text[at:at + 1] == "]":
+            end[0] = at + 1
+            return
+        while True:
+            value, at = self.value(at)
+            yield value
+            at = self.skip(at)
+            if text[at:at + 1] == ",":
+                at = self.skip(at + 1)
+            elif text[at:at + 1] == "]":
+                end[0] = at + 1
+                return
+            else:
+                self.fail("Expecting ',' delimiter", at)
+
+    def end(self, at: int) -> None:
+        at = self.skip(at)
+        if at != len(self.text):
+            self.fail("Extra data", at)
+
+
+def _check_run(data: Any, source: str) -> None:
+    """``ValueError`` unless ``data`` is a run of this schema whose fields (all but each
+    record) are good."""
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ValueError(f"{source} is not a dispatch_flops run: write one with "
                          "fc.to_json(path)")
     if data["schema_version"] != SCHEMA_VERSION:
-        raise ValueError(f"{source} has schema_version {data['schema_version']!r}; this "
-                         f"dispatch_flops reads version {SCHEMA_VERSION} (re-export the "
-                         "run with this version)")
+        raise ValueError(f"{source} has schema_version {validate.shown(data['schema_version'])}"
+                         f"; this dispatch_flops reads version {SCHEMA_VERSION} (re-export "
+                         "the run with this version)")
     missing = [k for k in ("model", "records", "modules", "timing", "attention")
                if k not in data]
     if missing:
         raise ValueError(f"{source} is not a dispatch_flops run (missing {missing}); "
                          "write one with fc.to_json(path)")
-    _check(data, _RUN_TYPES, source)
-    for i, m in enumerate(data["modules"]):
-        _check(m, _MODULE_TYPES, f"{source}: modules[{i}]")
-    for i, r in enumerate(data["records"]):
-        _check(r, _RECORD_TYPES, f"{source}: records[{i}]")
-        _check(r["stats"], _STATS_TYPES, f"{source}: records[{i}].stats")
+    validate.require(data, _RUN, source)
+
+
+def _facts(data: dict) -> tuple[ModuleFacts, RunFacts]:
+    """The facts of checked data."""
     run_fields = {f: data[f] for f in RunFacts.__dataclass_fields__ if f != "model"
                   and f in data}
     run_fields["pricing_errors"] = tuple(run_fields.get("pricing_errors", ()))
@@ -120,39 +292,114 @@ def from_dict(data: dict, source: str = "data") -> tuple[list[Row], ModuleFacts,
                     for g in data.get("graph_runs", [])},
         in_graphs=tuple(data.get("in_graphs", [])),
     )
-    rows: dict[RowKey, list] = {}
-    for r in data["records"]:
-        stats = r["stats"]
-        latency = stats.get("latency_s")
-        counts = tuple(stats.get(c, 0) for c in COUNTS) + (
-            round(latency * 1e9) if latency else 0,)
-        key = RowKey(tuple(r["stack"]), r["phase"], r["operator"], r["overload"],
-                     r["category"], r.get("dtype"))
-        accumulate(rows, key, counts)
-    return [(k, tuple(v)) for k, v in rows.items()], facts, run
+    return facts, run
 
 
-# what from_dict reads, with its type: a missing or mistyped field is named in the error
-_RUN_TYPES = {"model": str, "records": list, "modules": list, "timing": bool, "attention": str,
-              "has_model": (bool, type(None)), "steps": (int, type(None)),
-              "wall_s": (float, int, type(None)), "allow_tf32": bool}
-_MODULE_TYPES = {"name": str, "calls": int, "params": int}
-_RECORD_TYPES = {"stack": list, "phase": str, "operator": str, "overload": str,
-                 "category": str, "stats": dict, "dtype": (str, type(None))}
-_STATS_TYPES = {**{c: int for c in COUNTS}, "latency_s": (float, int, type(None))}
-# files written before them
-_OPTIONAL = ("has_model", "steps", "wall_s", "comm_bytes", "dtype", "allow_tf32")
+def rows_of(records: Iterable[Any], source: str) -> list[Row]:
+    """The rows of a run's records (``to_dict()["records"]``), each record checked; records
+    of one row (a file written by hand) are summed. Strings and stacks repeated across
+    records are kept once."""
+    rows: dict[RowKey, tuple] = {}
+    strings: dict = {}
+    keep = strings.setdefault
+    for i, record in enumerate(records):
+        row = _plain_row(record, keep)
+        if row is None:  # named, or taken as what it is (a str subclass, an int latency)
+            validate.require(record, _RECORD, source, f"records[{i}]")
+            row = _checked_row(record, keep)
+        key, counts = row
+        total = rows.get(key)
+        rows[key] = counts if total is None else tuple(map(add, total, counts))
+    return list(rows.items())
 
 
-def _check(data, types: dict, where: str) -> None:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} is {type(data).__name__}, not an object")
-    for key, kind in types.items():
-        if key not in data:
-            if key in _OPTIONAL:
-                continue  # optional
-            raise ValueError(f"{where}: field {key!r} is missing")
-        value = data[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ValueError(f"{where}: field {key!r} is {value!r}, not "
-                             f"{getattr(kind, '__name__', 'of the right type')}")
+_counts_of = itemgetter(*COUNTS)
+_INT, _STR = frozenset((int,)), frozenset((str,))
+
+
+def _plain_row(r: Any, keep: Callable) -> Optional[Row]:
+    """The row of a record as ``to_dict`` writes it, checked at the cost of a few lookups
+    (every record of a file comes here): exact JSON types, every name known, every value in
+    bounds. None for anything else, which ``_RECORD`` checks field by field."""
+    if r.__class__ is not dict:
+        return None
+    stats, stack = r.get("stats"), r.get("stack")
+    if (stats.__class__ is not dict or stack.__class__ is not list or not stack
+            or not _STR.issuperset(map(type, stack))):
+        return None
+    try:
+        counts = _counts_of(stats)
+        latency = stats["latency_s"]
+        phase = PHASE_NAMES[r["phase"]]
+        category = CATEGORY_NAMES[r["category"]]
+        operator, overload = r["operator"], r["overload"]
+        dtype = r.get("dtype")
+        if dtype is not None:
+            dtype = DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):  # missing, unknown, or not a name at all
+        return None
+    if (operator.__class__ is not str or overload.__class__ is not str
+            or not _INT.issuperset(map(type, counts))
+            or min(counts) < 0 or max(counts) >= COUNT_LIMIT):
+        return None
+    if latency is None:
+        ns = 0
+    elif latency.__class__ is float and 0.0 <= latency < SECONDS_LIMIT:  # NaN fails too
+        ns = round(latency * 1e9)
+    else:
+        return None
+    stack = tuple(stack)
+    return (RowKey(keep(stack, stack), phase, keep(operator, operator),
+                   keep(overload, overload), category, dtype), counts + (ns,))
+
+
+def _checked_row(r: dict, keep: Callable) -> Row:
+    """The row of a record ``_RECORD`` passed."""
+    stats = r["stats"]
+    latency = stats["latency_s"]
+    counts = tuple(stats.get(c, 0) for c in COUNTS) + (round(latency * 1e9) if latency else 0,)
+    stack = tuple(r["stack"])
+    return (RowKey(keep(stack, stack), PHASE_NAMES[r["phase"]], r["operator"], r["overload"],
+                   CATEGORY_NAMES[r["category"]], DTYPE_NAMES.get(r.get("dtype"))), counts)
+
+
+# what from_dict reads, and how each field is checked: (check, required); a reader ignores
+# keys it does not know (docs/schema.md), so those are not checked
+_STATS = validate.obj({**{c: (validate.count, c != "comm_bytes") for c in COUNTS},
+                       "latency_s": (validate.optional(validate.seconds), True)})
+_RECORD = validate.obj({
+    "stack": (validate.stack, True), "phase": (validate.phase, True),
+    "operator": (validate.text, True), "overload": (validate.text, True),
+    "category": (validate.category, True), "stats": (_STATS, True),
+    "dtype": (validate.optional(validate.dtype), False)})
+_MODULE = validate.obj({
+    "name": (validate.text, True), "type": (validate.text, False),
+    "calls": (validate.count, True), "params": (validate.count, True),
+    "forward_span_ns": (validate.optional(validate.ns), False)})
+_SAVED = validate.obj({"stack": (validate.stack, True), "bytes": (validate.count, True)})
+_GRAPH_RUN = validate.obj({
+    "stack": (validate.stack, True), "runs": (validate.count, True),
+    "forward_ns": (validate.ns, True), "backward_ns": (validate.ns, True)})
+_DTENSOR_OP = validate.obj({
+    "overload": (validate.text, True),
+    "shapes": (validate.list_of(validate.shape, "shapes"), True),
+    **{c: (validate.count, True) for c in ("calls", "flops", "macs")}})
+# files written before them lack the fields that are not required
+_RUN = validate.obj({
+    "model": (validate.text, True), "timing": (validate.flag, True),
+    "attention": (validate.text, True),
+    "records": (validate.list_of(lambda record: None, "records"), True),  # each: rows_of
+    "modules": (validate.list_of(_MODULE, "modules"), True),
+    "has_model": (validate.optional(validate.flag), False),
+    "saved_activations": (validate.flag, False), "repeats": (validate.positive, False),
+    "wall_s": (validate.optional(validate.seconds), False),
+    "steps": (validate.positive, False), "dtype": (validate.dtype, False),
+    "allow_tf32": (validate.flag, False), "device": (validate.optional(validate.text), False),
+    "device_name": (validate.optional(validate.text), False),
+    "rank": (validate.optional(validate.count), False),
+    "world_size": (validate.optional(validate.positive), False),
+    "pricing_errors": (validate.names, False),
+    "dtensor_ops": (validate.list_of(_DTENSOR_OP, "DTensor ops"), False),
+    "saved": (validate.list_of(_SAVED, "saved bytes"), False),
+    "graph_runs": (validate.list_of(_GRAPH_RUN, "graph runs"), False),
+    "in_graphs": (validate.names, False)})

@@ -20,9 +20,17 @@ TORCH_GLOBAL = "Global"
 
 
 def packet(operator: str):
-    """``"aten.mm"`` -> ``torch.ops.aten.mm``: the key torch's counter uses."""
+    """``"aten.mm"`` -> ``torch.ops.aten.mm``: the key torch's counter uses. An op this
+    process does not have (a custom op in a file read elsewhere; any name a file holds) keys
+    by its name instead: the figure is still the file's."""
     namespace, _, name = operator.partition(".")
-    return getattr(getattr(torch.ops, namespace), name)
+    if namespace.startswith("__") or name.startswith("__"):  # never an op: an attribute
+        return operator
+    try:
+        op = getattr(getattr(torch.ops, namespace), name)
+    except Exception:  # torch raises AttributeError, or RuntimeError for some names
+        return operator
+    return op if isinstance(op, torch._ops.OpOverloadPacket) else operator
 
 
 def torch_flop_counts(profile) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Optional
 
+from dispatch_flops.results import schema
 from dispatch_flops.results.profile import Profile, as_profile
 
 __all__ = ["gather", "gathered"]
@@ -71,7 +72,8 @@ def gather(run, dst: int = 0, group=None, *, timeout: float = 300.0) -> Optional
             f"{timeout:g} s (did they raise inside their block, or not call gather?)") from None
     profiles = []
     for r, key in zip(ranks, keys):
-        profiles.append(Profile.from_dict(json.loads(store.get(key)), source=f"rank {r}"))
+        # a peer's payload is read as a file is: checked field by field (results.validate)
+        profiles.append(Profile(*schema.loads(store.get(key), f"rank {r}")))
         store.delete_key(key)
     return gathered(profiles)
 
