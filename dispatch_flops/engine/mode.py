@@ -10,6 +10,7 @@ import inspect
 import sys
 from bisect import bisect_right
 from functools import partial
+from types import FrameType
 from typing import Optional
 
 import torch
@@ -524,7 +525,8 @@ class CountingMode(TorchDispatchMode):
         # met a DTensor (``_sharded``) or an optimizer step counts (``_watching``)
         self._sharded = False
         self._watching = False
-        self._in_step_caller = None  # a frame seen running inside the step (see _in_step)
+        # a frame seen running inside the step (see _in_step)
+        self._in_step_caller: Optional[FrameType] = None
 
     def bind(self, tracker: ModuleTracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
