@@ -32,7 +32,7 @@ from dispatch_flops.engine.records import (
 )
 from dispatch_flops.engine.skip import SKIP_FRAMES as _SKIP_FRAMES
 from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
-from dispatch_flops.engine.tracker import RECOMPUTE_I, ModuleTracker, phase_of, suspendable
+from dispatch_flops.engine.tracker import RECOMPUTE_I, ModuleTracker, phase_of
 from dispatch_flops.engine.tracker import (
     top_saved_tensors_hooks as _top_saved_tensors_hooks,
 )
@@ -517,16 +517,13 @@ class CountingMode(TorchDispatchMode):
         self._shared = cache.signatures.setdefault(causal_unmasked_only, {})
         self.forward_acc: dict = {}
         self.recomputing = False
+        self.stepping = False  # the tracker's innermost optimizer step counts (see _recheck)
+        # frames seen running inside that step (see _recheck)
+        self._in_step: tuple[FrameType, ...] = ()
         self.tracker: Optional[ModuleTracker] = None  # see bind; None again once it closes
         # the DTensor-level ops this mode let DTensor unwrap (``_unwrapping``): their global
         # (logical) figure, {key: [calls, Signature or None, resolution]}
         self.logical: dict = {}
-        # what this mode's __torch_dispatch__ is (see _choose_dispatch): the class's, unless it
-        # met a DTensor (``_sharded``) or an optimizer step counts (``_watching``)
-        self._sharded = False
-        self._watching = False
-        # a frame seen running inside the step (see _in_step)
-        self._in_step_caller: Optional[FrameType] = None
 
     def bind(self, tracker: ModuleTracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
@@ -537,12 +534,36 @@ class CountingMode(TorchDispatchMode):
         self._last: tuple = (None, None, -1)
         self._book = tracker.ledger.records  # every record made goes here too (see Ledger)
 
-    def _recomputation_ended(self) -> None:
+    def watch_steps(self, on: bool) -> None:
+        """Whether the tracker's innermost optimizer step counts now: while it does, each op
+        with no autograd node first checks that the step still runs (``_recheck``)."""
+        self.stepping = on
+        self._in_step = ()
+
+    def _recheck(self, caller) -> None:
+        """An op with no autograd node (``caller``: its Python caller) while the tracker is in
+        a state that may have ended without the hook that ends it: a recomputation (it runs
+        only inside backward: a BaseException ended it, and torch runs no always-call hook for
+        those) or an optimizer step (one that raised ran no post-hook). Asked only then: the
+        ops of other phases keep the plain path."""
         tracker = self.tracker
-        if tracker is not None:
+        if tracker is None:
+            self.recomputing = self.stepping = False
+            return
+        if self.recomputing:
             tracker.end_recompute()
-        else:
-            self.recomputing = False
+        if not self.stepping:
+            return
+        # The frames between an op and its step, seen once, stay inside the step while they
+        # run (a function's callers are fixed); an optimizer runs its ops from a few of them,
+        # so an op's caller, or one a frame or two above it, is known. Inside the step one
+        # always is (the step's own frame): none means the step is over.
+        frame, known = caller, self._in_step
+        if known:
+            while frame is not None and frame not in known:
+                frame = frame.f_back
+        if frame is None or not known:
+            self._in_step = tracker.check_steps(caller)
 
     def _recompute_acc(self, hook, seq: int) -> dict:
         """Where an op that non-reentrant checkpointing re-runs outside any module call goes:
@@ -650,43 +671,10 @@ class CountingMode(TorchDispatchMode):
         op (after the first, it sets what is set): DTensor works out the global shapes of its
         ops on fake tensors (sharding propagation) under this mode, and those ops are its
         bookkeeping, not work this rank executes."""
-        if not self._sharded:
-            self._sharded = True
-            self._choose_dispatch()
-
-    def watch_steps(self, on: bool) -> None:
-        """While ``on`` (the tracker's innermost optimizer step counts), ask the tracker at
-        each op whether that step still runs (``ModuleTracker.check_steps``: one that raised
-        ran no post-hook) before counting the op."""
-        self._in_step_caller = None
-        if on is not self._watching:
-            self._watching = on
-            self._choose_dispatch()
-
-    def _choose_dispatch(self) -> None:
         # An instance attribute shadows the class's __torch_dispatch__ (torch looks it up on
         # the mode object): only a mode that has met a DTensor pays for the fake-mode check
-        # on every op, and only the ops of an optimizer step for the step's check; every
-        # other mode, and op, keeps the plain hot path.
-        if self._watching:
-            self.__dict__["__torch_dispatch__"] = self._in_step
-        elif self._sharded:
-            self.__dict__["__torch_dispatch__"] = self._outside_sharding_propagation
-        else:
-            self.__dict__.pop("__torch_dispatch__", None)
-
-    def _in_step(self, func, types, args=(), kwargs=None):
-        caller = sys._getframe(1)
-        # an optimizer runs its ops from one loop: a function's frame found inside the step
-        # stays inside it while it runs (its callers are fixed; a generator's are not)
-        if caller is not self._in_step_caller:
-            tracker = self.tracker
-            if tracker is not None and tracker.check_steps(caller) and \
-                    not suspendable(caller):
-                self._in_step_caller = caller
-        if self._sharded:
-            return self._outside_sharding_propagation(func, types, args, kwargs)
-        return type(self).__torch_dispatch__(self, func, types, args, kwargs)
+        # on every op; every other mode keeps the plain hot path.
+        self.__dict__["__torch_dispatch__"] = self._outside_sharding_propagation
 
     def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
         if torch._C._get_dispatch_mode(_FAKE) is not None:
@@ -754,8 +742,10 @@ class CountingMode(TorchDispatchMode):
             out, elapsed = runner.run(resolved, args, kwargs)
         node = _current_node()
         if node is None:
-            if self.recomputing:  # recomputing runs inside backward: a BaseException ended it
-                self._recomputation_ended()
+            if self.recomputing or self.stepping:  # see _recheck
+                caller = sys._getframe(1)
+                if self.recomputing or caller not in self._in_step:
+                    self._recheck(caller)
             acc = self.forward_acc
         elif self.recomputing:  # the tracker points forward_acc at the recomputation
             acc = self.forward_acc
@@ -862,9 +852,10 @@ def _decomposable(func, entry) -> bool:
 
 
 class GuardedCountingMode(CountingMode):
-    """A counting mode entered in a generator or coroutine: while that frame is suspended,
-    other code on its thread (the loop's other tasks, the generator's consumer) runs under
-    this mode too; those ops are run, not counted (see ``ModuleTracker.sees``)."""
+    """A counting mode whose block a generator or coroutine owns (``tracker.block_frame``):
+    while that frame is suspended, other code on its thread (the loop's other tasks, the
+    generator's consumer) runs under this mode too; those ops are run, not counted (see
+    ``ModuleTracker.sees``)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         tracker = self.tracker
@@ -905,4 +896,3 @@ def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None
 if _SKIP_FRAMES is not None:
     _SKIP_FRAMES(CountingMode.__torch_dispatch__.__code__)
     _SKIP_FRAMES(GuardedCountingMode.__torch_dispatch__.__code__)
-    _SKIP_FRAMES(CountingMode._in_step.__code__)

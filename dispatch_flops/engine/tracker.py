@@ -749,18 +749,25 @@ class ModuleTracker:
                 self.boundary_seqs.append(_sequence_nr())
                 self.boundary_frames.append(self.current)
 
-    def check_steps(self, start) -> bool:
-        """Whether the innermost optimizer step still runs, seen from Python frame ``start``
-        on the tracker's thread. The mode asks at the ops of a step (``start``: the op's
-        caller): a step that raised ran no post-hook, so it is over once its frame is no
-        longer on the stack, and forgotten here."""
+    def check_steps(self, start) -> tuple:
+        """The frames from Python frame ``start`` to the innermost optimizer step's, when that
+        step still runs on the tracker's thread (generators and coroutines left out: their
+        callers change), else (). The mode asks at the ops of a step (``start``: the op's
+        caller): a step that raised ran no post-hook, so it is over once its frame is no longer
+        on the stack, and forgotten here."""
         steps = self._steps
         if _get_ident() != self.thread or not steps or steps[-1] is _CLOSURE:
-            return False
-        if running(steps[-1], start):
-            return True
-        self._drop_ended_steps(start)
-        return False
+            return ()
+        step, frame, inside = steps[-1], start, []
+        while frame is not None and frame is not step:
+            if not suspendable(frame):
+                inside.append(frame)
+            frame = frame.f_back
+        if frame is None:
+            self._drop_ended_steps(start)
+            return ()
+        inside.append(step)
+        return tuple(inside)
 
     def _drop_ended_steps(self, start) -> None:
         """Forget the steps that ended without their post-hook (the step, or a pre-hook after
@@ -773,9 +780,10 @@ class ModuleTracker:
         self._step_phase()
 
     def _step_phase(self) -> None:
-        """The steps running changed: aim the mode at the phase, and have it check at each op
-        that the innermost step still runs while one counts (``check_steps``: the one way to
-        see a step that raised end, at no cost to the ops of other phases)."""
+        """The steps running changed: aim the mode at the phase, and, while one counts, have
+        it check at each op with no autograd node that the innermost step still runs
+        (``check_steps``: how a step that raised is seen to end; other phases' ops pay a flag
+        test)."""
         self._aim(phase_changed=True)
         steps = self._steps
         self.mode.watch_steps(bool(steps) and steps[-1] is not _CLOSURE)
