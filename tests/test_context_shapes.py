@@ -319,7 +319,7 @@ class Recomputed(nn.Module):
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_an_interrupted_recomputation_ends_the_recompute_phase(reentrant):
     """torch runs no always-call hook for a BaseException: the recomputation it ends is over
-    at the next module call all the same."""
+    at the next op or module call all the same."""
     armed = []
 
     def interrupt():
@@ -509,8 +509,8 @@ def shaped(shape: str, world: World, pieces: list, escape: bool, options: dict):
 @given(context_runs())
 def test_every_context_shape_counts_what_each_piece_counts_alone(run):
     """Counted in any context shape, with faults raised (and caught) at every kind of hook,
-    a block's flops by phase are the sum of its pieces' counted one by one, each in a plain
-    with block of its own."""
+    a block's flops by phase, and each module's flops and calls, are the sums of its pieces'
+    counted one by one, each in a plain with block of its own."""
     shape, pieces, escape, options = run
     world = World()
     expected: dict = {}
