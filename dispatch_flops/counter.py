@@ -8,6 +8,7 @@ an op takes from the dispatch mode to a view.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from types import FrameType
 from typing import Optional, Union
@@ -28,8 +29,8 @@ from dispatch_flops.engine.trace import is_tracing, new_timer, trace_events
 from dispatch_flops.engine.tracker import (
     LEDGERS_LOCK,
     ModuleTracker,
+    block_frame,
     ledger_for,
-    suspendable,
 )
 from dispatch_flops.formulas import REGISTRY, Registry
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
@@ -120,9 +121,9 @@ class FlopCounter(ProfileViews):
         if relay is not None and timer is not None:  # nested: time by the bottom mode's clock
             runner = Relayed(timer)
         causal = self.attention == "causal"
-        # entered in a generator or coroutine: count only while it runs (see GuardedCountingMode)
-        caller = _user_frame()
-        guard = caller if suspendable(caller) else None
+        # a block a generator or coroutine owns is counted only while it runs (see
+        # GuardedCountingMode); a context manager's body's block is its caller's (block_frame)
+        guard = block_frame(_user_frame())
         mode = (GuardedCountingMode if guard is not None else CountingMode)(
             self.registry, causal, runner)
         ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, causal, timer)
@@ -166,6 +167,13 @@ class FlopCounter(ProfileViews):
     def __exit__(self, exc_type, exc, tb) -> None:
         tracker, mode = self._tracker, self._mode
         assert tracker is not None and mode is not None, "__exit__ without __enter__"
+        if threading.get_ident() != tracker.thread:
+            # its mode is on the entering thread's dispatch stack, which only that thread can
+            # change: the counter stays open (and counting there) until exited there
+            raise RuntimeError(
+                f"this FlopCounter was entered in thread {tracker.thread} and is exited in "
+                f"thread {threading.get_ident()}: exit it in the thread that entered it (it "
+                f"is still counting there)")
         try:
             if self._saved_hooks is not None:
                 self._saved_hooks.__exit__(exc_type, exc, tb)

@@ -143,3 +143,29 @@ def mutated(draw, data: dict):
         elif how == "empty" and isinstance(container[key], (list, dict)):
             container[key] = type(container[key])()
     return data
+
+
+# ---- context shapes (issue 31) -----------------------------------------------------------------
+# where a counter is entered: a plain with block, a generator yielding mid-block, a
+# @contextmanager (alone and through an ExitStack), a coroutine awaiting mid-block, an
+# @asynccontextmanager, another thread
+CONTEXT_SHAPES = ("plain", "generator", "contextmanager", "exitstack", "coroutine",
+                  "asynccontextmanager", "thread")
+# the work a block runs, and the faults raised (and caught in the block) at each kind of hook:
+# a module's forward, its forward pre-hook and hook, backward, a checkpointed module's
+# recomputation (a KeyboardInterrupt), an optimizer step's body and a step pre-hook after the
+# counter's
+CONTEXT_PIECES = ("forward", "train", "step", "closure_step", "outside", "forward_raises",
+                  "pre_hook_raises", "post_hook_raises", "backward_raises",
+                  "recompute_interrupted", "step_raises", "step_refused")
+
+
+@st.composite
+def context_runs(draw):
+    """(the shape a counter is entered in, the pieces of work its block runs, whether the block
+    ends by an exception, the counter's options)."""
+    return (draw(st.sampled_from(CONTEXT_SHAPES)),
+            draw(st.lists(st.sampled_from(CONTEXT_PIECES), min_size=1, max_size=6)),
+            draw(st.booleans()),
+            draw(st.fixed_dictionaries({"timing": st.booleans(),
+                                        "saved_activations": st.booleans()})))

@@ -10,6 +10,7 @@ import inspect
 import sys
 from bisect import bisect_right
 from functools import partial
+from types import FrameType
 from typing import Optional
 
 import torch
@@ -516,6 +517,9 @@ class CountingMode(TorchDispatchMode):
         self._shared = cache.signatures.setdefault(causal_unmasked_only, {})
         self.forward_acc: dict = {}
         self.recomputing = False
+        self.stepping = False  # the tracker's innermost optimizer step counts (see _recheck)
+        # frames seen running inside that step (see _recheck)
+        self._in_step: tuple[FrameType, ...] = ()
         self.tracker: Optional[ModuleTracker] = None  # see bind; None again once it closes
         # the DTensor-level ops this mode let DTensor unwrap (``_unwrapping``): their global
         # (logical) figure, {key: [calls, Signature or None, resolution]}
@@ -529,6 +533,37 @@ class CountingMode(TorchDispatchMode):
         # (node, accumulator, sequence number) of the last autograd node seen
         self._last: tuple = (None, None, -1)
         self._book = tracker.ledger.records  # every record made goes here too (see Ledger)
+
+    def watch_steps(self, on: bool) -> None:
+        """Whether the tracker's innermost optimizer step counts now: while it does, each op
+        with no autograd node first checks that the step still runs (``_recheck``)."""
+        self.stepping = on
+        self._in_step = ()
+
+    def _recheck(self, caller) -> None:
+        """An op with no autograd node (``caller``: its Python caller) while the tracker is in
+        a state that may have ended without the hook that ends it: a recomputation (it runs
+        only inside backward: a BaseException ended it, and torch runs no always-call hook for
+        those) or an optimizer step (one that raised ran no post-hook). Asked only then: the
+        ops of other phases keep the plain path."""
+        tracker = self.tracker
+        if tracker is None:
+            self.recomputing = self.stepping = False
+            return
+        if self.recomputing:
+            tracker.end_recompute()
+        if not self.stepping:
+            return
+        # The frames between an op and its step, seen once, stay inside the step while they
+        # run (a function's callers are fixed); an optimizer runs its ops from a few of them,
+        # so an op's caller, or one a frame or two above it, is known. Inside the step one
+        # always is (the step's own frame): none means the step is over.
+        frame, known = caller, self._in_step
+        if known:
+            while frame is not None and frame not in known:
+                frame = frame.f_back
+        if frame is None or not known:
+            self._in_step = tracker.check_steps(caller)
 
     def _recompute_acc(self, hook, seq: int) -> dict:
         """Where an op that non-reentrant checkpointing re-runs outside any module call goes:
@@ -706,7 +741,13 @@ class CountingMode(TorchDispatchMode):
         else:
             out, elapsed = runner.run(resolved, args, kwargs)
         node = _current_node()
-        if node is None or self.recomputing:  # recompute: the tracker points forward_acc
+        if node is None:
+            if self.recomputing or self.stepping:  # see _recheck
+                caller = sys._getframe(1)
+                if self.recomputing or caller not in self._in_step:
+                    self._recheck(caller)
+            acc = self.forward_acc
+        elif self.recomputing:  # the tracker points forward_acc at the recomputation
             acc = self.forward_acc
         else:
             last = self._last  # one read: device threads never see half an update
@@ -811,9 +852,10 @@ def _decomposable(func, entry) -> bool:
 
 
 class GuardedCountingMode(CountingMode):
-    """A counting mode entered in a generator or coroutine: while that frame is suspended,
-    other code on its thread (the loop's other tasks, the generator's consumer) runs under
-    this mode too; those ops are run, not counted (see ``ModuleTracker.sees``)."""
+    """A counting mode whose block a generator or coroutine owns (``tracker.block_frame``):
+    while that frame is suspended, other code on its thread (the loop's other tasks, the
+    generator's consumer) runs under this mode too; those ops are run, not counted (see
+    ``ModuleTracker.sees``)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         tracker = self.tracker

@@ -120,6 +120,39 @@ def suspendable(frame) -> bool:
     return bool(frame is not None and frame.f_code.co_flags & _SUSPENDABLE)
 
 
+# what a context manager runs to enter its block; contextlib's own frames (ExitStack,
+# ContextDecorator) stand between a block and its ``with`` statement
+_ENTERING = frozenset(("__enter__", "__aenter__"))
+_CONTEXTLIB = "contextlib"
+_FIXTURES = "_pytest.fixtures"  # resumes a yield fixture: the test is its block
+
+
+def block_frame(frame) -> Optional[FrameType]:
+    """The generator or coroutine frame whose running is the block of a counter entered at
+    ``frame``; None when the block is everything its thread runs until the counter exits.
+
+    A counter counts what its thread runs while the frame that owns its block runs. That frame
+    is ``frame`` unless ``frame`` is a context manager's: a ``__enter__`` or ``__aenter__``, or
+    contextlib's; or a generator or coroutine one of them (or pytest, for a yield fixture)
+    resumes, such as the body of an ``@contextmanager`` or ``@asynccontextmanager``, which is
+    suspended at its ``yield`` exactly while the ``with`` block runs. Then the block is the one
+    of the frame that entered that context manager, decided the same way. A generator or
+    coroutine anything else resumes (a loop's ``next``, an event loop) owns its block: the code
+    that runs while it is suspended is not its block."""
+    while frame is not None:
+        driver = frame.f_back
+        if frame.f_code.co_name in _ENTERING or \
+                frame.f_globals.get("__name__") == _CONTEXTLIB:
+            frame = driver  # a context manager entering: its block is its caller's
+        elif suspendable(frame) and driver is not None and (
+                driver.f_code.co_name in _ENTERING or
+                driver.f_globals.get("__name__") in (_CONTEXTLIB, _FIXTURES)):
+            frame = driver  # the body of a context manager (or fixture) that it resumes
+        else:
+            break
+    return frame if suspendable(frame) else None
+
+
 def unwrap_compiled(module: nn.Module) -> nn.Module:
     """The module a ``torch.compile(module)`` child wraps (named as the child, without
     ``_orig_mod.``); any other module as it is."""
@@ -317,6 +350,10 @@ def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:
         return ledger
 
 
+# in ModuleTracker._steps: the closure a step was given is running (not the step's phase)
+_CLOSURE = object()
+
+
 # guards the ledgers and a ledger's hand-over of a finished counter's counts (``settle``)
 LEDGERS_LOCK = threading.RLock()  # re-entered: a formula priced under it may count
 
@@ -369,7 +406,10 @@ class ModuleTracker:
         self._accumulation_frames: dict[int, Frame] = {}
         self._first_frames: dict[str, Frame] = {}  # each module's first frame
         self._handles: list[RemovableHandle] = []
-        self._optimizer_depth = 0  # optimizer.step() calls running
+        # the optimizer steps running on this thread, innermost last: torch's wrapper of each
+        # step() (its frame runs exactly as long as the step), ``_CLOSURE`` where a step runs
+        # the closure it was given (see _outside_the_step)
+        self._steps: list = []
         # told of module calls when the counter watches saved activations (``watch_saved``)
         self._saved: Optional[SavedActivations] = None
         # what the compiled graphs run under this counter did (``compiled.GraphRuns``):
@@ -391,8 +431,9 @@ class ModuleTracker:
         the tracker is in (``phase_of``, asked again when ``phase_changed``): the one place it
         is set."""
         if phase_changed:
+            steps = self._steps
             self._phase = phase_of(node=False, recompute=self._recompute_depth > 0,
-                                   optimizer=self._optimizer_depth > 0)
+                                   optimizer=bool(steps) and steps[-1] is not _CLOSURE)
         self.mode.forward_acc = self.current.acc[self._phase]
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -439,6 +480,8 @@ class ModuleTracker:
         if left_installed:
             self.ledger.retire()
             return
+        self._steps.clear()  # a step the block ended in: its frame is not kept alive
+        self.mode.watch_steps(False)
         self.mode.tracker = None  # no cycle left for the garbage collector to find
         self.mode._last = (None, None, -1)  # nor the last autograd node kept alive
         if self.shared:
@@ -499,8 +542,10 @@ class ModuleTracker:
         caller = _getframe(1)
         if (_get_ident() != self.thread or self.guard is not None) and not self.sees(caller):
             return
-        if self._recompute_depth or _current_node() is not None:
+        if _current_node() is not None:
             return self._push_recompute(name)
+        if self._recompute_depth:  # recomputing runs inside backward: this one was ended
+            self.end_recompute()  # by a BaseException (no always-call hook ran for it)
         calls = self._calls
         # Check that the innermost call is still running (one a KeyboardInterrupt ended left
         # no forward hook to end it) at every root call and every call not nested as the model
@@ -626,9 +671,17 @@ class ModuleTracker:
             self.enter(frame.parent if frame.parent is not None else self.root)
         self._recompute_depth -= 1
         if not self._recompute_depth:
-            self.mode.recomputing = False
-            self.current = self._resume
-            self._aim(phase_changed=True)
+            self.end_recompute()
+
+    def end_recompute(self) -> None:
+        """Activation checkpointing's recomputation is over: the running frame and phase are
+        the ones before it. Also called (by the mode, or at the next module call) when no
+        autograd node runs any more: a BaseException ended the recomputation, and torch ran
+        none of the always-call hooks that would have ended it."""
+        self._recompute_depth = 0
+        self.mode.recomputing = False
+        self.current = self._resume
+        self._aim(phase_changed=True)
 
     # -- saved activations (FlopCounter(saved_activations=True): engine.saved) ------------
     def watch_saved(self, saved: SavedActivations) -> None:
@@ -646,9 +699,15 @@ class ModuleTracker:
         current = self.current
         return current.root if isinstance(current, Outside) else current
 
+    # -- optimizer steps ------------------------------------------------------------------
     def _step_begins(self, optimizer, args, kwargs):
-        self._optimizer_depth += 1  # modules called inside the step stay in its phase
-        self._aim(phase_changed=True)
+        step = _getframe(1)  # torch's wrapper of step()
+        if _get_ident() != self.thread or \
+                (self.guard is not None and not running(self.guard, step)):
+            return None  # another thread's step, or one run while the generator is suspended
+        self._drop_ended_steps(step)
+        self._steps.append(step)  # modules called inside the step stay in its phase
+        self._step_phase()
         # torch hands the hook step's arguments with the optimizer first
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if callable(closure):  # what the closure runs is the training step, not the step's
@@ -663,20 +722,27 @@ class ModuleTracker:
         Lightning's automatic optimization) runs the model's forward and backward."""
 
         def run(*args, **kwargs):
-            depth, self._optimizer_depth = self._optimizer_depth, 0
-            self._aim(phase_changed=True)
+            steps = self._steps
+            steps.append(_CLOSURE)
+            self._step_phase()
             try:
                 return closure(*args, **kwargs)
             finally:
-                self._optimizer_depth = depth
-                self._aim(phase_changed=True)
+                while steps and steps.pop() is not _CLOSURE:
+                    pass  # steps the closure ran that raised
+                self._step_phase()
 
         return run
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
-        self._optimizer_depth = max(0, self._optimizer_depth - 1)
-        self._aim(phase_changed=True)
-        if not self._optimizer_depth and not self._recompute_depth:
+        step = _getframe(1)
+        steps = self._steps
+        if _get_ident() != self.thread or not any(s is step for s in steps):
+            return  # not a step this counter saw begin
+        while steps.pop() is not step:
+            pass  # steps inside it that raised
+        self._step_phase()
+        if not steps and not self._recompute_depth:
             # a step is over: the graphs its backward ran are gone, and with them every node
             # the boundaries so far could attribute (a graph kept across optimizer steps with
             # retain_graph=True would see its later backward go to the root)
@@ -685,6 +751,45 @@ class ModuleTracker:
             if self.current is not self.root:
                 self.boundary_seqs.append(_sequence_nr())
                 self.boundary_frames.append(self.current)
+
+    def check_steps(self, start) -> tuple:
+        """The frames from Python frame ``start`` to the innermost optimizer step's, when that
+        step still runs on the tracker's thread (generators and coroutines left out: their
+        callers change), else (). The mode asks at the ops of a step (``start``: the op's
+        caller): a step that raised ran no post-hook, so it is over once its frame is no longer
+        on the stack, and forgotten here."""
+        steps = self._steps
+        if _get_ident() != self.thread or not steps or steps[-1] is _CLOSURE:
+            return ()
+        step, frame, inside = steps[-1], start, []
+        while frame is not None and frame is not step:
+            if not suspendable(frame):
+                inside.append(frame)
+            frame = frame.f_back
+        if frame is None:
+            self._drop_ended_steps(start)
+            return ()
+        inside.append(step)
+        return tuple(inside)
+
+    def _drop_ended_steps(self, start) -> None:
+        """Forget the steps that ended without their post-hook (the step, or a pre-hook after
+        this counter's, raised) as seen from Python frame ``start``."""
+        steps = self._steps
+        if not steps or steps[-1] is _CLOSURE or running(steps[-1], start):
+            return
+        while steps and steps[-1] is not _CLOSURE and not running(steps[-1], start):
+            steps.pop()
+        self._step_phase()
+
+    def _step_phase(self) -> None:
+        """The steps running changed: aim the mode at the phase, and, while one counts, have
+        it check at each op with no autograd node that the innermost step still runs
+        (``check_steps``: how a step that raised is seen to end; other phases' ops pay a flag
+        test)."""
+        self._aim(phase_changed=True)
+        steps = self._steps
+        self.mode.watch_steps(bool(steps) and steps[-1] is not _CLOSURE)
 
     def _close(self, frame: Frame) -> None:
         """End the span of ``frame``'s module call (and of any inner call left unclosed)."""
