@@ -14,8 +14,10 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.nested._internal.nested_tensor import NestedTensor as _Jagged
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
+    _disable_current_modes,
     _get_current_dispatch_mode_stack,
     _pop_mode,
     _push_mode,
@@ -317,12 +319,16 @@ def _hint(v):
 
 
 def _sparse_parts(t: Tensor) -> tuple:
-    """(values, index tensors) of a sparse tensor: what it really stores."""
-    if t.layout is torch.sparse_coo:
-        return t._values(), (t._indices(),)
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return t.values(), (t.crow_indices(), t.col_indices())
-    return t.values(), (t.ccol_indices(), t.row_indices())
+    """(values, index tensors) of a sparse tensor: what it really stores. Its accessors are
+    ops: they run below autograd (a view of a leaf that requires grad is autograd's work:
+    done inside dispatch it can block, and it is not the user's) and out of sight of every
+    dispatch mode (a counter below this one would count them as the user's)."""
+    with torch._C._DisableTorchDispatch(), torch._C._AutoDispatchBelowAutograd():
+        if t.layout is torch.sparse_coo:
+            return t._values(), (t._indices(),)
+        if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+            return t.values(), (t.crow_indices(), t.col_indices())
+        return t.values(), (t.ccol_indices(), t.row_indices())
 
 
 def _described(t: Tensor) -> tuple:
@@ -346,19 +352,24 @@ def _described(t: Tensor) -> tuple:
     return (shape, t.dtype, layout, stored), shape, nbytes, SparseInfo(layout, stored)
 
 
+def _nested_bytes(t: Tensor) -> int:
+    """Bytes a nested tensor holds, read from its metadata alone: ``values()`` is an op (a
+    mode below would see it) that autograd records, and inside dispatch, on a leaf that
+    requires grad, it blocks forever. A jagged one holds its values, offsets and lengths
+    (plain tensors it keeps as attributes); a strided one (C++) answers ``nbytes`` from its
+    sizes."""
+    if isinstance(t, _Jagged):
+        parts = (t._values, t._offsets, t._lengths)
+        return sum(_loose_bytes(p) for p in parts if p is not None)
+    return t.nbytes
+
+
 def _loose_bytes(v) -> int:
     """Bytes of what ``v`` really holds, as well as they can be told (0 where not)."""
     if isinstance(v, Tensor):
         try:
-            return _described(v)[2]
-        except (_Unpriced, RuntimeError):
-            pass
-        try:
-            nbytes = v.values().nbytes
-            if v.layout is torch.jagged:  # offsets(): a nested tensor's, not in torch's stubs
-                nbytes += v.offsets().nbytes  # type: ignore[attr-defined]
-            return nbytes
-        except (RuntimeError, AttributeError, TypeError):
+            return _nested_bytes(v) if v.is_nested else _described(v)[2]
+        except (_Unpriced, RuntimeError, AttributeError, TypeError):
             return 0
     if v.__class__ is list or v.__class__ is tuple:
         return sum(_loose_bytes(x) for x in v)
@@ -593,13 +604,16 @@ class CountingMode(TorchDispatchMode):
         inner = CountingMode(self.registry, self.causal_unmasked_only)
         inner.forward_acc, inner._book, inner.recomputing = {}, [], False
         try:
-            fake_args = [to_fake(a) for a in args]
-            fake_kwargs = {k: to_fake(v) for k, v in (kwargs or {}).items()}
-            with torch.no_grad(), fake, inner:  # fake tensors keep the device: same kernels
-                # the C++ composite kernel, as eager runs it (``decompose`` would prefer a
-                # Python decomposition registered for tracing, which may differ)
-                func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
-                            **fake_kwargs)
+            # every other mode off: this pricing run's ops are not the user's (a counter below
+            # this one would count them)
+            with _disable_current_modes():
+                fake_args = [to_fake(a) for a in args]
+                fake_kwargs = {k: to_fake(v) for k, v in (kwargs or {}).items()}
+                with torch.no_grad(), fake, inner:  # fake tensors keep the device: same kernels
+                    # the C++ composite kernel, as eager runs it (``decompose`` would prefer a
+                    # Python decomposition registered for tracing, which may differ)
+                    func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
+                                **fake_kwargs)
             flops = macs = 0
             for key, rec in inner.forward_acc.items():
                 if rec[SIGNATURE] is not None:
@@ -658,10 +672,11 @@ class CountingMode(TorchDispatchMode):
             resolved = self.resolved.get(id(func)) or self._resolve(func)
             signature = None
             try:
-                meta_args, meta_kwargs = tree_map_only(
-                    Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
-                    (args, kwargs))
-                out = func(*meta_args, **meta_kwargs)
+                with _disable_current_modes():  # not the user's ops: no mode below sees them
+                    meta_args, meta_kwargs = tree_map_only(
+                        Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                        (args, kwargs))
+                    out = func(*meta_args, **meta_kwargs)
                 signature = _work_out(resolved, meta_args, meta_kwargs, out)
             except Exception:  # an op meta tensors cannot run: its calls are still listed
                 pass
@@ -745,6 +760,10 @@ class CountingMode(TorchDispatchMode):
             # path (sparse COO is the one that would key like a dense tensor: checked here;
             # the others raise on the way).
             try:
+                # a jagged tensor answers shape and is_contiguous() through dispatch, where a
+                # mode below would see them: straight to the slow path, which reads metadata
+                if types and _Jagged in types:
+                    raise _EXOTIC
                 sig: list = [key]
                 for a in args:
                     if isinstance(a, Tensor):
