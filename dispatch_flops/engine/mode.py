@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import sys
 from bisect import bisect_right
+from collections import OrderedDict
 from functools import partial
 from typing import Optional
 
@@ -420,18 +421,32 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
     return sig, Signature(call, read, written, compute_dtype(args))
 
 
-_SIGNATURES_CAP = 100_000
+# The signatures every counter shares (per registry version and attention option) are the
+# last SIGNATURES_KEPT a counter made a record of, the least recently used out first: a process
+# that meets a new shape every step (sequence lengths that vary) keeps at most a few MB of them
+# (1 to 1.5 KB each), not one per shape for ever. A transformer's training step makes 100 to
+# 150; a record keeps the signature it was given: what a counter counted never depends on it.
+SIGNATURES_KEPT = 1024
 
 
-def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> Signature:
+def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) -> Signature:
     """What ``_work_out`` gives for ``sig``, from ``shared`` (every counter's: models repeat
     shapes across layers and steps, so a signature is worked out, and priced, once) when it
-    is there. Pure data (shapes, ints), never a tensor; emptied when it grows past the cap."""
+    is there. Pure data (shapes, ints), never a tensor. Called when a record is made, never
+    per op: a record, once made, holds its signature."""
     entry = shared.get(sig)
     if entry is None:
-        if len(shared) >= _SIGNATURES_CAP:
-            shared.clear()  # records keep the entries they were given
         entry = shared[sig] = _work_out(resolved, args, kwargs, out)
+        if len(shared) > SIGNATURES_KEPT:
+            try:
+                shared.popitem(last=False)
+            except KeyError:  # another thread's counter emptied it meanwhile
+                pass
+    else:
+        try:
+            shared.move_to_end(sig)
+        except KeyError:  # another thread's counter let it go meanwhile
+            pass
     return entry
 
 
@@ -524,7 +539,7 @@ class CountingMode(TorchDispatchMode):
         # version and options (the engine's cache: a registration starts a new one)
         cache = engine_cache(registry)
         self.resolved = cache.resolutions.setdefault(causal_unmasked_only, {})
-        self._shared = cache.signatures.setdefault(causal_unmasked_only, {})
+        self._shared = cache.signatures.setdefault(causal_unmasked_only, OrderedDict())
         self.forward_acc: dict = {}
         self.recomputing = False
         self.tracker: Optional[ModuleTracker] = None  # see bind; None again once it closes
@@ -595,6 +610,7 @@ class CountingMode(TorchDispatchMode):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake = FakeTensorMode(allow_non_fake_inputs=True)
+        fake.cache_enabled = False  # torch's cache is process-wide: an entry per shape, kept
 
         def to_fake(v):
             if isinstance(v, Tensor):
