@@ -52,6 +52,7 @@ import importlib.abc
 import importlib.util
 import sys
 import threading
+import warnings
 import weakref
 from operator import itemgetter
 from typing import Callable, Optional, Sequence
@@ -571,11 +572,21 @@ _INSTALLED: list[Callable] = []  # dynamo's own call_user_compiler, once wrapped
 _DYNAMO = "torch._dynamo"  # the package: imported whole, compilers and callbacks included
 
 
+# torch warns at every call of a compiled module (``OptimizedModule``) while any global module
+# hook is installed, that the hook fires for the wrapper too. A counter's hooks are global and
+# pass over the wrapper (the counter counts the module inside: ``unwrap``): the warning is
+# about them, untrue, and repeated at every counted step (a "once" filter is not once: torch
+# mutates the filters while it compiles, which resets Python's once-registry). Ignored, that
+# message only; a user's own global hooks lose it too, which this filter is the price of.
+_GLOBAL_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
 def install() -> None:
     """Wrap every graph dynamo compiles from now on in a ``Graph`` (once per process): at
     once when dynamo is imported already, else the moment it is (``torch.compile`` imports
     it), so that importing this package does not import dynamo (seconds, for a process that
     never compiles) and no graph is compiled unseen."""
+    warnings.filterwarnings("ignore", message=_GLOBAL_HOOKS_WARNING, category=UserWarning)
     if _DYNAMO in sys.modules:
         _wrap_compiler()
     elif not any(isinstance(f, _DynamoImport) for f in sys.meta_path):
