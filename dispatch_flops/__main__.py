@@ -10,7 +10,7 @@ import os
 import sys
 import textwrap
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import torch
 from torch import nn
@@ -158,27 +158,29 @@ def _factory(parser: argparse.ArgumentParser, spec: str) -> Callable:
     if not sep or not module_name or not attribute:
         parser.error(f"model {spec!r} is not MODULE:FACTORY (e.g. dispatch_flops.models:GPT "
                      "or my_models.py:build)")
+    module_spec = None
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            parser.error(f"cannot import {module_name!r}: no such file")
+        sys.path.insert(0, os.path.dirname(path))  # so it can import its neighbours
+        name = os.path.splitext(os.path.basename(path))[0]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            parser.error(f"cannot import {module_name!r}: not a Python file")
+    elif "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the console script does not add it
     try:
-        if module_name.endswith(".py") or os.sep in module_name:
-            path = os.path.abspath(module_name)
-            if not os.path.isfile(path):
-                parser.error(f"cannot import {module_name!r}: no such file")
-            sys.path.insert(0, os.path.dirname(path))  # so it can import its neighbours
-            name = os.path.splitext(os.path.basename(path))[0]
-            module_spec = importlib.util.spec_from_file_location(name, path)
-            if module_spec is None or module_spec.loader is None:
-                parser.error(f"cannot import {module_name!r}: not a Python file")
+        if module_spec is not None and module_spec.loader is not None:
             module = importlib.util.module_from_spec(module_spec)
-            sys.modules[name] = module
+            sys.modules[module_spec.name] = module
             module_spec.loader.exec_module(module)
         else:
-            if "" not in sys.path and os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())  # the console script does not add it
             module = importlib.import_module(module_name)
-    except SystemExit:
-        raise
+    except SystemExit as e:  # the module's own: nothing was profiled, say so
+        parser.error(f"cannot import {module_name!r}: it called sys.exit({e.code!r})")
     except BaseException as e:
-        parser.error(f"cannot import {module_name!r}: {type(e).__name__}: {e}")
+        parser.error(f"cannot import {module_name!r}: {_one_line(e)}")
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -189,8 +191,17 @@ def _factory(parser: argparse.ArgumentParser, spec: str) -> Callable:
     return target
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     sys.exit(f"dispatch-flops: error: {message}")
+
+
+def _one_line(e: BaseException) -> str:
+    """``Type: message`` of an exception, on one line: its message's first line (torch's
+    errors go on with notes and C++ frames); a ``SystemExit`` as the call it was."""
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0].strip()}" if lines else type(e).__name__
 
 
 def _writable(path: str) -> bool:
@@ -265,6 +276,20 @@ class _Progress:
 
 # -- main -------------------------------------------------------------------------------------
 def main(argv=None) -> None:
+    """The command: every error is one line on stderr and a non-zero exit (2: the command
+    line; 1: the model, its run or a file; 130: interrupted), never a traceback."""
+    try:
+        _main(argv)
+    except KeyboardInterrupt:
+        print("dispatch-flops: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except BaseException as e:  # a case no check below foresaw: still one line
+        _fail(_one_line(e))
+
+
+def _main(argv) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     for name in ("warmup", "repeat", "depth"):
@@ -282,8 +307,14 @@ def main(argv=None) -> None:
     if args.model is not None and args.seq_len is not None:
         parser.error("--seq-len sets the demo's tokens only; give a model's inputs with "
                      "--input-shape")
+    if args.dtype is not None and not (args.dtype.is_floating_point or args.dtype.is_complex):
+        parser.error(f"--dtype {str(args.dtype).replace('torch.', '')}: a model's dtype is "
+                     "floating point (bf16, fp16, fp32, fp64) or complex; an integer dtype "
+                     "is for --input-dtype (token ids)")
     for option in ("json", "csv", "trace"):
         path = getattr(args, option)
+        if path is not None and not path.strip():
+            parser.error(f"--{option}: the path is empty")
         if path and not _writable(path):
             parser.error(f"--{option} {path}: cannot write there ({_why_not(path)})")
     torch.manual_seed(0)
@@ -307,8 +338,8 @@ def main(argv=None) -> None:
             with FlopCounter(model, attention=args.attention) as counter:
                 step(*inputs)
             fc = counter.to_profile()  # measure's result too: one type for the views below
-    except Exception as e:
-        _fail(f"running {label} failed: {type(e).__name__}: {e}")
+    except (Exception, SystemExit) as e:  # the model's own sys.exit too: nothing counted
+        _fail(f"running {label} failed: {_one_line(e)}")
     elapsed = time.perf_counter() - start
     header = f"{label}{timing} ({elapsed:.2f} s in all)"  # as wide as the table may be
     print(textwrap.fill(header, args.width or terminal_width(), subsequent_indent="  ") + "\n")
@@ -324,6 +355,19 @@ def main(argv=None) -> None:
     if args.deepspeed:
         print()
         _deepspeed(model, inputs, step, args, device)
+
+
+def _input(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A seeded random input: normals for a floating-point or complex dtype, integers in
+    [0, 2) otherwise; one error line when torch cannot make it (too large, a dtype it
+    cannot draw)."""
+    try:
+        if dtype.is_floating_point or dtype.is_complex:
+            return torch.randn(shape, dtype=dtype, device=device)
+        return torch.randint(0, 2, shape, dtype=dtype, device=device)
+    except Exception as e:  # RuntimeError (allocation, dtype), OverflowError (sizes), ...
+        _fail(f"cannot make an input of shape {','.join(map(str, shape))} and dtype "
+              f"{str(dtype).replace('torch.', '')} on {device}: {_one_line(e)}")
 
 
 def _demo(parser, args, device):
@@ -356,18 +400,21 @@ def _user_model(parser, args, device):
     try:
         with device:
             model = factory if isinstance(factory, nn.Module) else factory()
+    except SystemExit as e:
+        _fail(f"building the model with {args.model}(): {_one_line(e)}")
     except Exception as e:
-        _fail(f"building the model with {args.model}() raised {type(e).__name__}: {e}")
+        _fail(f"building the model with {args.model}() raised {_one_line(e)}")
     if not isinstance(model, nn.Module):
         _fail(f"{args.model}() returned {type(model).__name__}, not a torch.nn.Module")
-    model = model.to(device)
-    if args.dtype is not None:
-        model = model.to(args.dtype)
+    try:
+        model = model.to(device)
+        if args.dtype is not None:
+            model = model.to(args.dtype)
+    except Exception as e:
+        _fail(f"moving the model to {device}{', ' + str(args.dtype) if args.dtype else ''} "
+              f"failed: {_one_line(e)}")
     input_dtype = args.input_dtype or args.dtype or torch.get_default_dtype()
-    inputs = tuple(
-        torch.randn(shape, dtype=input_dtype, device=device) if input_dtype.is_floating_point
-        else torch.randint(0, 2, shape, dtype=input_dtype, device=device)
-        for shape in args.input_shape)
+    inputs = tuple(_input(shape, input_dtype, device) for shape in args.input_shape)
 
     def step(*inputs):
         if not args.backward:

@@ -61,7 +61,10 @@ class FlopCounter(ProfileViews):
     other ops; module calls and the block are spans between marks (see ``engine.timing``).
     For medians over warm repeats use ``dispatch_flops.measure``. ``trace=True`` (timing
     implied) also keeps when every op and module call started and ended, for
-    ``to_chrome_trace``.
+    ``to_chrome_trace``. ``saved_activations=True`` also counts the bytes autograd saves for
+    backward, through a ``saved_tensors_hooks`` pack hook: ``torch.func``'s ``grad``,
+    ``vjp``, ``jacrev`` and ``hessian`` refuse to run under one (torch raises
+    ``RuntimeError``), so count those transforms without it.
     Register custom formulas before entering the block.
     """
 
@@ -79,6 +82,9 @@ class FlopCounter(ProfileViews):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        if registry is not None and not isinstance(registry, Registry):
+            raise TypeError(f"registry must be a dispatch_flops.formulas.Registry or None, got "
+                            f"{type(registry).__name__}")
         for flag, value in (("timing", timing), ("saved_activations", saved_activations),
                             ("trace", trace)):
             if not isinstance(value, bool):

@@ -63,7 +63,11 @@ An op falls in exactly one of five categories, kept apart everywhere:
 * it communicates (``COMMUNICATION``): a collective, priced by its bytes on the wire.
 
 Ops registered only when a module is imported (``fsdp::all_gather_copy_in`` appears with
-``torch.distributed.fsdp``) may be named by their qualified name, a string.
+``torch.distributed.fsdp``) may be named by their qualified name, a string: the formula waits
+for the op, and prices it from the moment it exists. A name is never checked against the ops
+that exist when it is registered (the point is to name them before), so a misspelt one is
+accepted and never met; ``Registry.has`` answers for ops that exist, and for a name of one
+that does not exist (yet), False.
 
 The one lookup (``Registry.lookup``): overload override, then packet, then tag estimate, then
 unsupported. A registered formula always wins over an estimate.
@@ -180,13 +184,30 @@ class namespace:
 
     def present(self, names) -> list:
         """The ops among ``names`` that this torch has (lists of ops to register skip the
-        rest)."""
-        return [getattr(self._ops, n) for n in names if hasattr(self._ops, n)]
+        rest): possibly none, which a registration takes as nothing to price on this torch."""
+        return _Present(getattr(self._ops, n) for n in names if hasattr(self._ops, n))
+
+
+class _Present(list):
+    """``namespace.present``'s answer: the ops of a list this torch has, which may be none
+    (an empty list given to a registration otherwise is a mistake: ``ValueError``)."""
+
+
+def _existing(name: str) -> Optional[OpOverloadPacket]:
+    """The packet a qualified name (``"namespace::name"``, or ``"namespace::name.overload"``)
+    names, None while no such op is registered."""
+    namespace_name, _, op = name.partition("::")
+    try:
+        found = getattr(getattr(torch.ops, namespace_name), op.split(".")[0])
+    except (AttributeError, RuntimeError):
+        return None
+    return found if isinstance(found, OpOverloadPacket) else None
 
 
 def _as_op(op) -> Union[OpLike, str]:
     if isinstance(op, str):  # "namespace::name": an op registered later, on import
-        if "::" not in op:
+        namespace_name, _, name = op.partition("::")
+        if not namespace_name or not name:
             raise TypeError(f"expected an OpOverload (torch.ops.aten.mm.default), an "
                             f"OpOverloadPacket (torch.ops.aten.mm), a torch.library custom op "
                             f"or a qualified name 'namespace::name', got {op!r}")
@@ -249,7 +270,13 @@ class Registry:
 
     @staticmethod
     def _normalise(ops) -> list:
-        ops = list(ops) if isinstance(ops, (list, tuple, set, frozenset)) else [ops]
+        if isinstance(ops, (list, tuple, set, frozenset)):
+            if not ops and not isinstance(ops, _Present):
+                raise ValueError("no ops given: name at least one op (an OpOverload, an "
+                                 "OpOverloadPacket, a custom op or a qualified name)")
+            ops = list(ops)
+        else:
+            ops = [ops]
         return [_as_op(op) for op in ops]
 
     def _put(self, ops: list, entry: Entry, override: bool) -> None:
@@ -335,15 +362,19 @@ class Registry:
 
     def has(self, op: Union[OpLike, str]) -> bool:
         """Whether ``op`` is classified: a formula or declared no-arithmetic. Estimates do not
-        count: they are a fallback, not a classification."""
+        count: they are a fallback, not a classification. A qualified name answers for the
+        op it names, False while no such op exists (a formula registered for it waits)."""
         op = _as_op(op)
+        if isinstance(op, str):
+            packet = _existing(op)
+            if packet is None:
+                return False
+            op = packet
         if isinstance(op, OpOverload):
             category = self.lookup(op).category
             return category in (Category.EXACT, Category.NO_ARITHMETIC,
                                 Category.COMMUNICATION)
-        if isinstance(op, str):
-            return op in self._named
-        if op in self._packets:
+        if op in self._packets or op._qualified_op_name in self._named:
             return True
         return any(o.overloadpacket is op for o in self._overloads)
 

@@ -52,6 +52,8 @@ import importlib.abc
 import importlib.util
 import sys
 import threading
+import warnings
+import weakref
 from operator import itemgetter
 from typing import Callable, Optional, Sequence
 
@@ -109,12 +111,12 @@ SINK_FRAME = _SinkFrame()
 
 class _Priced:
     """A graph's counts in one ledger: ``(record, calls)`` pairs of its forward and of its
-    backward, and the frames whose module calls it makes."""
+    backward, and the frames whose module calls it makes. Kept by the graph for as long as
+    the ledger lives (``Graph.priced``): it holds no reference to the ledger itself."""
 
-    __slots__ = ("ledger", "forward", "backward", "calls")
+    __slots__ = ("forward", "backward", "calls")
 
-    def __init__(self, ledger, forward, backward, calls):
-        self.ledger = ledger
+    def __init__(self, forward, backward, calls):
         self.forward = forward
         self.backward = backward
         self.calls = calls
@@ -135,7 +137,9 @@ class Graph:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.owners = [(i, _innermost(n)) for i, n in enumerate(placeholders)
                        if isinstance(n.meta.get("example_value"), torch.nn.Parameter)]
-        self.priced: dict = {}  # (ledger, forward acc, shapes, instance) -> _Priced
+        # ledger -> {(forward acc, shapes, instance): _Priced}: a ledger's prices go with it
+        # (a model deleted, a ledger replaced), however many shapes dynamic ones met
+        self.priced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.runs = 0  # runs counted, over every counter (tests read it)
 
     def __call__(self, *args, **kwargs):
@@ -155,10 +159,14 @@ class Graph:
         for mode, tracker in mine:
             instance = id(args[self.owners[0][0]]) if self.owners and \
                 len(args) > self.owners[0][0] else None
-            key = (id(tracker.ledger), id(mode.forward_acc), shapes, instance)
-            priced = self.priced.get(key)
-            if priced is None or priced.ledger is not tracker.ledger:
-                priced = self.priced[key] = self._price(mode, tracker, args, kwargs)
+            ledger = tracker.ledger
+            prices = self.priced.get(ledger)
+            if prices is None:
+                prices = self.priced[ledger] = {}
+            key = (id(mode.forward_acc), shapes, instance)  # an acc lives as long as its ledger
+            priced = prices.get(key)
+            if priced is None:
+                priced = prices[key] = self._price(mode, tracker, args, kwargs)
             runs.append((mode, tracker, priced))
         timed = []
         for _mode, tracker, priced in runs:
@@ -219,6 +227,9 @@ class Graph:
         before = (list(map(_calls, records)), list(map(_ns, records)))
         with _disable_current_modes():
             fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            # torch's fake-tensor dispatch cache is process-wide and never emptied: pricing
+            # each shape dynamic ones meet would leave an entry per op and shapes behind
+            fake_mode.cache_enabled = False
             fake = [fake_mode.from_tensor(a) if isinstance(a, Tensor) else a for a in args]
         frames = _FrameMap(tracker, state[0], self._renames(tracker, args))
         try:
@@ -264,7 +275,7 @@ class Graph:
                 backward.append((rec, after[i] - mid))
             rec[CALLS] = was  # the pricing run counts nothing itself
             rec[NS] = ns0[i] if i < len(ns0) else 0
-        return _Priced(ledger, forward, backward, list(frames.calls.items()))
+        return _Priced(forward, backward, list(frames.calls.items()))
 
 
 class Without:
@@ -561,11 +572,21 @@ _INSTALLED: list[Callable] = []  # dynamo's own call_user_compiler, once wrapped
 _DYNAMO = "torch._dynamo"  # the package: imported whole, compilers and callbacks included
 
 
+# torch warns at every call of a compiled module (``OptimizedModule``) while any global module
+# hook is installed, that the hook fires for the wrapper too. A counter's hooks are global and
+# pass over the wrapper (the counter counts the module inside: ``unwrap``): the warning is
+# about them, untrue, and repeated at every counted step (a "once" filter is not once: torch
+# mutates the filters while it compiles, which resets Python's once-registry). Ignored, that
+# message only; a user's own global hooks lose it too, which this filter is the price of.
+_GLOBAL_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
 def install() -> None:
     """Wrap every graph dynamo compiles from now on in a ``Graph`` (once per process): at
     once when dynamo is imported already, else the moment it is (``torch.compile`` imports
     it), so that importing this package does not import dynamo (seconds, for a process that
     never compiles) and no graph is compiled unseen."""
+    warnings.filterwarnings("ignore", message=_GLOBAL_HOOKS_WARNING, category=UserWarning)
     if _DYNAMO in sys.modules:
         _wrap_compiler()
     elif not any(isinstance(f, _DynamoImport) for f in sys.meta_path):

@@ -9,14 +9,17 @@ from __future__ import annotations
 import inspect
 import sys
 from bisect import bisect_right
+from collections import OrderedDict
 from functools import partial
 from types import FrameType
 from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.nested._internal.nested_tensor import NestedTensor as _Jagged
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
+    _disable_current_modes,
     _get_current_dispatch_mode_stack,
     _pop_mode,
     _push_mode,
@@ -318,12 +321,16 @@ def _hint(v):
 
 
 def _sparse_parts(t: Tensor) -> tuple:
-    """(values, index tensors) of a sparse tensor: what it really stores."""
-    if t.layout is torch.sparse_coo:
-        return t._values(), (t._indices(),)
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return t.values(), (t.crow_indices(), t.col_indices())
-    return t.values(), (t.ccol_indices(), t.row_indices())
+    """(values, index tensors) of a sparse tensor: what it really stores. Its accessors are
+    ops: they run below autograd (a view of a leaf that requires grad is autograd's work:
+    done inside dispatch it can block, and it is not the user's) and out of sight of every
+    dispatch mode (a counter below this one would count them as the user's)."""
+    with torch._C._DisableTorchDispatch(), torch._C._AutoDispatchBelowAutograd():
+        if t.layout is torch.sparse_coo:
+            return t._values(), (t._indices(),)
+        if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+            return t.values(), (t.crow_indices(), t.col_indices())
+        return t.values(), (t.ccol_indices(), t.row_indices())
 
 
 def _described(t: Tensor) -> tuple:
@@ -347,19 +354,24 @@ def _described(t: Tensor) -> tuple:
     return (shape, t.dtype, layout, stored), shape, nbytes, SparseInfo(layout, stored)
 
 
+def _nested_bytes(t: Tensor) -> int:
+    """Bytes a nested tensor holds, read from its metadata alone: ``values()`` is an op (a
+    mode below would see it) that autograd records, and inside dispatch, on a leaf that
+    requires grad, it blocks forever. A jagged one holds its values, offsets and lengths
+    (plain tensors it keeps as attributes); a strided one (C++) answers ``nbytes`` from its
+    sizes."""
+    if isinstance(t, _Jagged):
+        parts = (t._values, t._offsets, t._lengths)
+        return sum(_loose_bytes(p) for p in parts if p is not None)
+    return t.nbytes
+
+
 def _loose_bytes(v) -> int:
     """Bytes of what ``v`` really holds, as well as they can be told (0 where not)."""
     if isinstance(v, Tensor):
         try:
-            return _described(v)[2]
-        except (_Unpriced, RuntimeError):
-            pass
-        try:
-            nbytes = v.values().nbytes
-            if v.layout is torch.jagged:  # offsets(): a nested tensor's, not in torch's stubs
-                nbytes += v.offsets().nbytes  # type: ignore[attr-defined]
-            return nbytes
-        except (RuntimeError, AttributeError, TypeError):
+            return _nested_bytes(v) if v.is_nested else _described(v)[2]
+        except (_Unpriced, RuntimeError, AttributeError, TypeError):
             return 0
     if v.__class__ is list or v.__class__ is tuple:
         return sum(_loose_bytes(x) for x in v)
@@ -410,18 +422,32 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
     return sig, Signature(call, read, written, compute_dtype(args))
 
 
-_SIGNATURES_CAP = 100_000
+# The signatures every counter shares (per registry version and attention option) are the
+# last SIGNATURES_KEPT a counter made a record of, the least recently used out first: a process
+# that meets a new shape every step (sequence lengths that vary) keeps at most a few MB of them
+# (1 to 1.5 KB each), not one per shape for ever. A transformer's training step makes 100 to
+# 150; a record keeps the signature it was given: what a counter counted never depends on it.
+SIGNATURES_KEPT = 1024
 
 
-def _call_entry(shared: dict, sig: tuple, resolved, args, kwargs, out) -> Signature:
+def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) -> Signature:
     """What ``_work_out`` gives for ``sig``, from ``shared`` (every counter's: models repeat
     shapes across layers and steps, so a signature is worked out, and priced, once) when it
-    is there. Pure data (shapes, ints), never a tensor; emptied when it grows past the cap."""
+    is there. Pure data (shapes, ints), never a tensor. Called when a record is made, never
+    per op: a record, once made, holds its signature."""
     entry = shared.get(sig)
     if entry is None:
-        if len(shared) >= _SIGNATURES_CAP:
-            shared.clear()  # records keep the entries they were given
         entry = shared[sig] = _work_out(resolved, args, kwargs, out)
+        if len(shared) > SIGNATURES_KEPT:
+            try:
+                shared.popitem(last=False)
+            except KeyError:  # another thread's counter emptied it meanwhile
+                pass
+    else:
+        try:
+            shared.move_to_end(sig)
+        except KeyError:  # another thread's counter let it go meanwhile
+            pass
     return entry
 
 
@@ -514,7 +540,7 @@ class CountingMode(TorchDispatchMode):
         # version and options (the engine's cache: a registration starts a new one)
         cache = engine_cache(registry)
         self.resolved = cache.resolutions.setdefault(causal_unmasked_only, {})
-        self._shared = cache.signatures.setdefault(causal_unmasked_only, {})
+        self._shared = cache.signatures.setdefault(causal_unmasked_only, OrderedDict())
         self.forward_acc: dict = {}
         self.recomputing = False
         self.stepping = False  # the tracker's innermost optimizer step counts (see _recheck)
@@ -619,6 +645,7 @@ class CountingMode(TorchDispatchMode):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake = FakeTensorMode(allow_non_fake_inputs=True)
+        fake.cache_enabled = False  # torch's cache is process-wide: an entry per shape, kept
 
         def to_fake(v):
             if isinstance(v, Tensor):
@@ -628,13 +655,16 @@ class CountingMode(TorchDispatchMode):
         inner = CountingMode(self.registry, self.causal_unmasked_only)
         inner.forward_acc, inner._book, inner.recomputing = {}, [], False
         try:
-            fake_args = [to_fake(a) for a in args]
-            fake_kwargs = {k: to_fake(v) for k, v in (kwargs or {}).items()}
-            with torch.no_grad(), fake, inner:  # fake tensors keep the device: same kernels
-                # the C++ composite kernel, as eager runs it (``decompose`` would prefer a
-                # Python decomposition registered for tracing, which may differ)
-                func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
-                            **fake_kwargs)
+            # every other mode off: this pricing run's ops are not the user's (a counter below
+            # this one would count them)
+            with _disable_current_modes():
+                fake_args = [to_fake(a) for a in args]
+                fake_kwargs = {k: to_fake(v) for k, v in (kwargs or {}).items()}
+                with torch.no_grad(), fake, inner:  # fake tensors keep the device: same kernels
+                    # the C++ composite kernel, as eager runs it (``decompose`` would prefer a
+                    # Python decomposition registered for tracing, which may differ)
+                    func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
+                                **fake_kwargs)
             flops = macs = 0
             for key, rec in inner.forward_acc.items():
                 if rec[SIGNATURE] is not None:
@@ -693,10 +723,11 @@ class CountingMode(TorchDispatchMode):
             resolved = self.resolved.get(id(func)) or self._resolve(func)
             signature = None
             try:
-                meta_args, meta_kwargs = tree_map_only(
-                    Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
-                    (args, kwargs))
-                out = func(*meta_args, **meta_kwargs)
+                with _disable_current_modes():  # not the user's ops: no mode below sees them
+                    meta_args, meta_kwargs = tree_map_only(
+                        Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                        (args, kwargs))
+                    out = func(*meta_args, **meta_kwargs)
                 signature = _work_out(resolved, meta_args, meta_kwargs, out)
             except Exception:  # an op meta tensors cannot run: its calls are still listed
                 pass
@@ -786,6 +817,10 @@ class CountingMode(TorchDispatchMode):
             # path (sparse COO is the one that would key like a dense tensor: checked here;
             # the others raise on the way).
             try:
+                # a jagged tensor answers shape and is_contiguous() through dispatch, where a
+                # mode below would see them: straight to the slow path, which reads metadata
+                if types and _Jagged in types:
+                    raise _EXOTIC
                 sig: list = [key]
                 for a in args:
                     if isinstance(a, Tensor):

@@ -158,7 +158,8 @@ class EngineCache:
     def __init__(self, version: tuple):
         self.version = version
         self.resolutions: dict = {}  # option -> {id(overload): resolution}
-        self.signatures: dict = {}  # option -> {signature key: Signature}
+        # option -> {signature key: Signature}, the last mode.SIGNATURES_KEPT met (an LRU)
+        self.signatures: dict = {}
         self.ledgers: dict = {}  # (id(model), option) -> (weakref to model, Ledger)
 
 
@@ -233,12 +234,16 @@ class Layout:
         if error not in self.errors:
             self.errors.append(error)
             if error not in _WARNED:
+                if len(_WARNED) >= WARNED_KEPT:  # messages name shapes, and shapes vary
+                    _WARNED.clear()
                 _WARNED.add(error)
                 warnings.warn(f"dispatch_flops: {error}; its calls are reported unsupported",
                               RuntimeWarning, stacklevel=4)
 
 
-_WARNED: set = set()  # pricing errors warned about (once each per process)
+# pricing errors warned about (once each per process; forgotten when WARNED_KEPT are kept)
+_WARNED: set = set()
+WARNED_KEPT = 1024
 
 
 class Captured:

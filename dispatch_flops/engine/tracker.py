@@ -259,8 +259,10 @@ class Ledger:
     (``settle``): a counter nobody reads costs no copy. One counter at a time: a nested counter
     gets a ledger of its own (``busy``)."""
 
+    # weakly referable: a compiled graph keeps what it priced in a ledger for as long as the
+    # ledger lives (``compiled.Graph.priced``)
     __slots__ = ("root", "frames", "records", "busy", "home", "layout", "params", "last",
-                 "holder", "_outside")
+                 "holder", "_outside", "__weakref__")
 
     def __init__(self):
         self.frames: list[Frame] = []  # every frame, in the order they were made

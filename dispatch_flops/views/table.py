@@ -173,8 +173,8 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
     labels = {}
     shown = set(names)
     for name in names:
-        if name == ROOT:
-            labels[name] = root_label
+        if name == ROOT:  # the model's class name: as long as a class name can be
+            labels[name] = _shortened(root_label, limit)
             continue
         parts = name.split(".")
         relative = name
@@ -182,12 +182,16 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
             if ".".join(parts[:cut]) in shown:
                 relative = ".".join(parts[cut:])
                 break
-        label = "· " * (depth_of(name) - 1) + relative
-        if limit is not None and len(label) > limit:
-            keep = limit - 1
-            label = label[: keep - keep // 2] + "…" + label[len(label) - keep // 2:]
-        labels[name] = label
+        labels[name] = _shortened("· " * (depth_of(name) - 1) + relative, limit)
     return labels
+
+
+def _shortened(label: str, limit: Optional[int]) -> str:
+    """``label``, or its head and tail around "…" when it is longer than ``limit``."""
+    if limit is not None and len(label) > limit:
+        keep = limit - 1
+        label = label[: keep - keep // 2] + "…" + label[len(label) - keep // 2:]
+    return label
 
 
 def _render(header_row: list, rows: list) -> str:
@@ -262,9 +266,9 @@ def _fitted(run, names: list, chosen: list, width: Optional[int], ops: int) -> s
         if droppable:  # columns of one priority go together (forward and backward)
             chosen = [c for c in chosen if c.priority != max(droppable)]
             continue
-        # only the module and the essential columns left: shorten the module names by the
-        # excess (never below 12 characters)
-        labels = _labels(names, run.profile.root_label, None).values()
+        # only the module and the essential columns left: shorten the module (and op) names
+        # by the excess (never below 12 characters)
+        labels = [row[0] for row in _rows(run, names, chosen, None, ops)]
         limit = max(12, max(map(len, labels)) - (_widest(text) - width))
         return _table(run, names, chosen, short, limit, ops)
 
@@ -275,15 +279,20 @@ def _widest(text: str) -> int:
 
 def _table(run, names: list, chosen: list, short: bool, limit: Optional[int],
            ops: int) -> str:
+    header_row = [c.short if short else c.header for c in chosen]
+    return _render(header_row, _rows(run, names, chosen, limit, ops))
+
+
+def _rows(run, names: list, chosen: list, limit: Optional[int], ops: int) -> list:
     labels = _labels(names, run.profile.root_label, limit)
     rows = []
     for name in names:
         m = run.modules[name]
         rows.append([labels[name]] + [c.cell(run, name, m) for c in chosen[1:]])
         if ops:
-            rows.extend(_op_rows(run, name, m, chosen, ops))
-    header_row = [c.short if short else c.header for c in chosen]
-    return _render(header_row, rows)
+            for row in _op_rows(run, name, m, chosen, ops):
+                rows.append([_shortened(row[0], limit)] + row[1:])
+    return rows
 
 
 def _op_rows(run, name: str, m, chosen: list, ops: int) -> list:
