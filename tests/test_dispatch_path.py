@@ -134,4 +134,5 @@ def test_a_mode_below_a_counter_never_sees_its_dtensor_bookkeeping():
         print(alone.ops == below.ops, fc.logical.flops)
     """, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", str(2 * 6 * 10 * 3)]
+    # the script's own line is the last (torch 2.8's gloo prints its connections first)
+    assert out.stdout.splitlines()[-1].split() == ["True", str(2 * 6 * 10 * 3)]
