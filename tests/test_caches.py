@@ -80,5 +80,5 @@ def test_pricing_errors_warned_about_are_bounded(monkeypatch):
         for n in range(1, 30):
             with FlopCounter(registry=registry) as fc:
                 torch.ones(n).exp()
-            assert fc.total.calls == 1  # read: priced, the formula fails
+            assert "aten.exp" in fc.unsupported_ops()  # read: priced, the formula failed
     assert len(records._WARNED) <= 8
