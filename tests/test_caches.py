@@ -80,6 +80,5 @@ def test_pricing_errors_warned_about_are_bounded(monkeypatch):
         for n in range(1, 30):
             with FlopCounter(registry=registry) as fc:
                 torch.ones(n).exp()
-            # read: priced, the formula fails (torch < 2.9 makes ones() of two ops)
-            assert fc.total.calls >= 1 and fc.unsupported_ops()["aten.exp"] == 1
+            assert "aten.exp" in fc.unsupported_ops()  # read: priced, the formula failed
     assert len(records._WARNED) <= 8
