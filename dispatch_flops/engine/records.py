@@ -25,7 +25,7 @@ import weakref
 from operator import itemgetter
 from typing import Optional, Union
 
-from dispatch_flops.formulas import ELEMENT_COSTS, Category, Cost
+from dispatch_flops.formulas import ELEMENT_COSTS, Cost
 from dispatch_flops.formulas.costs import CostTable
 from dispatch_flops.results import validate
 from dispatch_flops.results.rows import ROW, RowKey
@@ -37,9 +37,6 @@ _FLOPS = PRICED.index("flops")
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
 
-# a category's value -> the Category rows carry: the identity now that the registry's values
-# are the reported names (``engine.trace`` still looks categories up here)
-CATEGORY_NAMES = {c.value: c for c in Category}
 
 
 class PricingError(Exception):

@@ -18,7 +18,6 @@ import torch
 from typing_extensions import TypeGuard
 
 from dispatch_flops.engine.records import (
-    CATEGORY_NAMES,
     SIGNATURE,
     PricingError,
     bytes_only,
@@ -152,7 +151,7 @@ def trace_events(timer: _Tracing, ledger, resolutions: dict, label: str
         if named is None:
             func = resolved.func
             named = names[op] = (str(func.overloadpacket), str(func),
-                                 CATEGORY_NAMES[resolved.category.value])
+                                 str(resolved.category))
         events.append(TraceEvent(OP, named[0], phase, frame.stack, start, end, named[1],
                                  named[2], **dict(zip(PRICED, unit))))
     events.sort(key=lambda e: (e.start_ns, -e.end_ns))
