@@ -218,16 +218,18 @@ class ProfileViews:
         (PaLM, Megatron, torchtitan count the contractions); ``flops="all"``:
         ``model_flops()``, every op's arithmetic (element-wise work too). ``ValueError`` on
         an untimed run, an unknown device (pass ``device=DeviceSpec(...)``) or a dtype the
-        device has no peak for; ``mfu_text`` says which instead of raising."""
-        return utilisation.utilisation(self.to_profile(), "mfu", MODEL_PHASES, device, dtype,
-                                       flops)[0]
+        device has no peak for; ``mfu_text`` says which instead of raising. A figure above 1
+        (100 %) is impossible: it comes with a ``UtilisationWarning`` naming the likely
+        causes (a peak too low, a sparse datasheet figure, a wrong dtype)."""
+        return utilisation.checked_utilisation(self.to_profile(), "mfu", MODEL_PHASES, device,
+                                               dtype, flops)
 
     def hfu(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
             flops: str = "contraction") -> float:
         """Hardware flops utilisation: every flop executed (recompute and optimizer too) at
         the peak of its dtype / wall time; as ``mfu`` (``"all"``: ``hardware_flops()``)."""
-        return utilisation.utilisation(self.to_profile(), "hfu", PHASES, device, dtype,
-                                       flops)[0]
+        return utilisation.checked_utilisation(self.to_profile(), "hfu", PHASES, device,
+                                               dtype, flops)
 
     def mfu_text(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
                  flops: str = "contraction") -> str:
