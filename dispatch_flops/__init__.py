@@ -54,6 +54,7 @@ from dispatch_flops.results.stats import (  # noqa: F401 (its constants: outside
                           Phase,
                           Stats,
 )
+from dispatch_flops.results.utilisation import UtilisationWarning
 from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: outside __all__)
                           DECODE,
                           ENCODER,
@@ -89,6 +90,7 @@ __all__ = [
     "DEVICES",
     "device_spec",
     "Roofline",
+    "UtilisationWarning",
     # generation
     "profile_generate",
     "GenerationProfile",

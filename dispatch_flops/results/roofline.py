@@ -129,7 +129,12 @@ class DeviceSpec:
         """
         from dispatch_flops.results.calibration import calibrate
 
-        return calibrate(cls, device, budget_s, name)
+        label, peaks, bandwidth, identity = calibrate(device, budget_s, name)
+        link = network = None
+        key = match_device(*identity)[0] if identity else None
+        if key:  # links are not measured: the datasheet's, where there is one
+            link, network = DEVICES[key].interconnect_bandwidth, DEVICES[key].network_bandwidth
+        return cls(label, peaks, bandwidth, link, network, source="calibrated")
 
     def peak_flops(self, dtype: DTypeLike = torch.float32) -> float:
         name = _dtype_name(dtype)
