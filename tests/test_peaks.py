@@ -323,3 +323,26 @@ def test_fp8_and_fp4_contractions_run_at_their_own_peaks():
     p4 = fc4.to_profile()
     assert p4.flops_by_dtype() == {"float4_e2m1fn_x2": 2 * m * (2 * stored_k) * n}
     assert p4.total.macs == m * (2 * stored_k) * n
+
+
+def test_the_cli_prints_mfu_against_a_measured_or_named_peak(capsys, monkeypatch):
+    """``--peaks calibrate`` measures this machine first (budget shortened here), a built-in
+    name takes its datasheet; without --timing, or with a name not in DEVICES: an error."""
+    from dispatch_flops.__main__ import main
+
+    real = DeviceSpec.calibrate.__func__
+    monkeypatch.setattr(DeviceSpec, "calibrate", classmethod(
+        lambda cls, device=None, **kw: real(cls, device, budget_s=1)))
+    main(["--timing", "--repeat", "1", "--warmup", "0", "--seq-len", "8", "--peaks",
+          "calibrate"])
+    out = capsys.readouterr().out
+    assert re.search(r"^MFU [\d.]+ % of .* dense, calibrated on cpu", out, re.M)
+    assert re.search(r"^HFU [\d.]+ % of .* dense, calibrated on cpu", out, re.M)
+    main(["--timing", "--repeat", "1", "--warmup", "0", "--seq-len", "8", "--peaks",
+          "H100-SXM"])
+    assert "TFLOPS fp32 dense, H100-SXM datasheet" in capsys.readouterr().out
+    for args, message in ((["--peaks", "calibrate"], "needs measured time"),
+                          (["--timing", "--peaks", "H999"], "'calibrate' or one of")):
+        with pytest.raises(SystemExit):
+            main(args)
+        assert message in capsys.readouterr().err
