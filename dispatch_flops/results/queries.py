@@ -234,9 +234,10 @@ class ProfileViews:
     def mfu_text(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
                  flops: str = "contraction") -> str:
         """MFU with its denominator, as printed: ``"MFU 41.3 % of 989.4 TFLOPS bf16 dense,
-        H100-SXM"`` (``"... of per-op dtype peaks (bf16 989.4, fp32 66.9 TFLOPS dense)
-        ..."`` for mixed dtypes), or why there is none: ``"no MFU: unknown device 'cpu'
-        (...)"``."""
+        H100-SXM datasheet"`` (``"... of per-op dtype peaks (bf16 989.4, fp32 66.9 TFLOPS
+        dense) ..."`` for mixed dtypes; ``"..., calibrated on cpu"`` against
+        ``DeviceSpec.calibrate()``), or why there is none: ``"no MFU: unknown device 'cpu'
+        (...)"``. A figure above 100 % carries the reason it cannot be right."""
         return utilisation.utilisation_text(self.to_profile(), "mfu", MODEL_PHASES, device,
                                             dtype, flops)
 
@@ -249,9 +250,10 @@ class ProfileViews:
     def flops_by_dtype(self, phase: Optional[str] = None, *,
                        flops: str = "contraction") -> dict[Optional[str], int]:
         """``{compute dtype: flops}`` of the ops that do arithmetic (one phase, or all):
-        the numerators MFU divides by each dtype's peak. ``None``: ops without a
-        floating-point argument, and runs read from files written before dtypes were kept
-        (MFU takes the model's dtype for them)."""
+        the numerators MFU divides by each dtype's peak. ``"int8"``: ops whose operands are
+        int8 and none floating point (``torch._int_mm``). ``None``: ops without a
+        floating-point or int8 argument, and runs read from files written before dtypes were
+        kept (MFU takes the model's dtype for them)."""
         utilisation.check_phase(phase)
         out: dict[Optional[str], int] = {}
         phases = PHASES if phase is None else (phase,)
