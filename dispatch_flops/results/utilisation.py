@@ -41,7 +41,6 @@ def over_one(value: float, spec: DeviceSpec, explicit_dtype: bool = False) -> st
     else:
         causes.append("the peak is too low for this device (another device's spec, or a "
                       "figure at base rather than boost clock)")
-    if spec.source != "calibrated":
         causes.append("a sparse (2:4) datasheet figure where the run is dense, or the reverse: "
                       "take the dense one, half the sparse")
     causes.append("a wrong dtype for the peak (" + (
