@@ -4,9 +4,10 @@ not counted.
 Counting a step slows it (every op goes through the dispatch mode: about 1.9x on a tiny
 Llama), so the time of a counted step says little about the run. The meter counts a few steps
 (every ``every``-th one, and any step whose input signature it has not priced yet) and only
-times the others: a timed step runs with no counter and no hook, between two clock reads
-(two CUDA events on the current stream on a GPU, read back lazily: no synchronisation per
-step; ``time.perf_counter`` otherwise). A timed step's flops are those of the last counted
+times the others: a timed step runs with no counter (at most a forward pre-hook on the
+model that notes its inputs' shapes), between two clock reads (two CUDA events on the current
+stream on a GPU, read back lazily: no synchronisation per step; ``time.perf_counter``
+otherwise). A timed step's flops are those of the last counted
 step with the same input signature (the shapes and dtypes of its batch).
 
 What is timed: from the step's start to its end, as its caller brackets it (``with
@@ -283,7 +284,7 @@ class ThroughputMeter:
         return self._open is not None and self._open["counter"] is not None
 
     def should_count(self, batch: Any = None) -> bool:
-        """Whether the next step would be counted (given its batch, when known)."""
+        """Whether the next step would be counted (given its (first) batch, when known)."""
         i = self._index - self.warmup
         if i < 0:
             return False
