@@ -65,6 +65,7 @@ from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: 
                           profile_generate,
 )
 from dispatch_flops.workflows.repeat import measure, profile  # noqa: F401 (profile: deprecated)
+from dispatch_flops.workflows.throughput import StepTiming, ThroughputMeter, ThroughputReading
 
 __version__ = "0.1.0"
 
@@ -91,6 +92,10 @@ __all__ = [
     "device_spec",
     "Roofline",
     "UtilisationWarning",
+    # training throughput and MFU, timed on uncounted steps
+    "ThroughputMeter",
+    "ThroughputReading",
+    "StepTiming",
     # generation
     "profile_generate",
     "GenerationProfile",
