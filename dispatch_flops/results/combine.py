@@ -80,6 +80,18 @@ def _sum_dtensor_ops(values: list, first) -> tuple:
     return tuple(k + tuple(v) for k, v in out.items())
 
 
+def _sum_attention_calls(values: list, first) -> tuple:
+    out: dict = {}
+    for calls in values:
+        for *key, n in calls:
+            out[tuple(key)] = out.get(tuple(key), 0) + n
+    return tuple(k + (n,) for k, n in out.items())
+
+
+def _mean_attention_calls(value: tuple, n: int) -> tuple:
+    return tuple(tuple(c[:-1]) + (_mean(c[-1], n),) for c in value)
+
+
 def _keep(value, *_) -> Any:
     return value
 
@@ -174,6 +186,8 @@ RUN_RULES: dict[str, Rule] = {
     "world_size": Rule(_first),
     "pricing_errors": Rule(_union),
     "dtensor_ops": Rule(_sum_dtensor_ops),
+    "attention_calls": Rule(_sum_attention_calls, _mean_attention_calls),
+    "parameters": Rule(_first),
 }
 RULES = {ModuleFacts: MODULE_RULES, RunFacts: RUN_RULES}
 
