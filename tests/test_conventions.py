@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dispatch_flops import FlopCounter, Profile
+from dispatch_flops.results.combine import since
 from dispatch_flops.results.conventions import WIDTH, rows_of
 from dispatch_flops.results.roofline import DEVICES
 
@@ -229,6 +230,22 @@ def test_saved_merged_and_given_tokens():
     assert not given.shape.tokens_seen
     assert given["6N"].flops_per_token == one["6N"].flops_per_token
     assert given["measured"].flops_per_token == one["measured"].flops_per_token / 2
+
+
+def test_a_step_cut_from_a_run_has_its_own_tokens():
+    """``since`` (how profile_generate cuts steps) subtracts the attention calls too: a
+    step's conventions read that step's tokens, not the run's so far."""
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4)
+    config._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad(), FlopCounter(model) as fc:
+        model(input_ids=torch.zeros(1, 8, dtype=torch.long))
+        first = fc.to_profile()
+        model(input_ids=torch.zeros(3, 8, dtype=torch.long))
+        both = fc.to_profile()
+    assert first.conventions().shape.tokens == 8 and both.conventions().shape.tokens == 32
+    assert since(both, first).conventions().shape.tokens == 24
 
 
 def test_bad_input_is_a_clear_error():
