@@ -145,6 +145,42 @@ def test_mixtral_8x7b_rows():
     assert c.shape.inactive == L * (E - k) * 3 * h * ffn
 
 
+class _Block(torch.nn.Module):
+    """An MoE block the older way: a router ``gate`` and a ModuleList of experts, top-k taken
+    in the block's own forward."""
+
+    def __init__(self, h: int, ffn: int, experts: int, k: int):
+        super().__init__()
+        self.k = k
+        self.gate = torch.nn.Linear(h, experts, bias=False)
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(h, ffn), torch.nn.ReLU(), torch.nn.Linear(ffn, h))
+            for _ in range(experts))
+
+    def forward(self, x):
+        weights, chosen = self.gate(x).softmax(-1).topk(self.k, dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            hit = (chosen == e).any(-1, keepdim=True)
+            out = out + hit * expert(x)
+        return out
+
+
+def test_module_list_experts_and_a_router_in_the_block():
+    """Experts held as a ModuleList of E modules, top-k run in the block itself: N counts
+    k / E of them; the router (a [E, h] weight) is no GEMM of Megatron's."""
+    h, ffn, E, k = 8, 16, 4, 2
+    model = torch.nn.Sequential(torch.nn.Embedding(50, h), _Block(h, ffn, E, k))
+    with FlopCounter(model) as fc:
+        model(torch.zeros(2, 5, dtype=torch.long)).sum().backward()
+    s = fc.conventions(tokens=10).shape
+    expert = 2 * h * ffn + ffn + h
+    assert s.experts == (E, k) and s.inactive == (E - k) * expert
+    assert s.parameters == 50 * h + E * h + k * expert
+    assert s.matrices == k * 2 * h * ffn  # the experts' weights a token uses: not the router's
+    assert s.other == E * h + k * (ffn + h)  # router and biases
+
+
 @pytest.mark.parametrize("layers", [2, 4])
 def test_forward_only_rows_are_the_forward_third_and_scale_with_layers(layers):
     """Counted forward only, each row is its formula's forward third (2N, 4·L·H·Q·T, ...);
