@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
-from dispatch_flops.results import aggregate, present, schema, utilisation
+from dispatch_flops.results import aggregate, conventions, present, schema, utilisation
 from dispatch_flops.results.roofline import DeviceSpec, Roofline
 from dispatch_flops.results.stats import (
     CATEGORIES,
@@ -246,6 +246,22 @@ class ProfileViews:
         """HFU with its denominator, or why there is none; see ``mfu_text``."""
         return utilisation.utilisation_text(self.to_profile(), "hfu", PHASES, device, dtype,
                                             flops)
+
+    def conventions(self, tokens: Optional[int] = None, tokens_per_s: Optional[float] = None,
+                    device: Optional[DeviceSpec] = None,
+                    dtype: DTypeLike = None) -> conventions.Conventions:
+        """The field's MFU conventions side by side, per token: the run's measured flops,
+        6N with and without embeddings, PaLM's 6N + 12·L·H·Q·T (and causal-halved),
+        torchtitan's 6(N − E) + 12·L·H·Q·T and Megatron's ``num_floating_point_operations``,
+        each from what the run saw (parameters in the module tree, attention calls, layers),
+        with the named differences between them (``results.conventions``). ``tokens``: the
+        tokens the counted run processed (default: ``b·s`` of its attention calls). Given
+        ``tokens_per_s`` (a measured throughput), the MFU under each, against ``device``
+        (see ``device``) at ``dtype`` (the model's when None). ``print()`` it for the table.
+
+        >>> print(fc.conventions(tokens_per_s=2973, device=DEVICES["A100-SXM4-80GB"]))
+        """
+        return conventions.conventions(self.to_profile(), tokens, tokens_per_s, device, dtype)
 
     def flops_by_dtype(self, phase: Optional[str] = None, *,
                        flops: str = "contraction") -> dict[Optional[str], int]:
