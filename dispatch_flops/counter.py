@@ -267,7 +267,8 @@ class FlopCounter(ProfileViews):
             graph_runs=graph_runs, in_graphs=in_graphs)
         counts = Captured(tracker.ledger, mode.resolved, self._timer is not None)
         return counts, facts, self._run_facts(pricing_errors=counts.errors,
-                                              dtensor_ops=mode.logical_ops())
+                                              dtensor_ops=mode.logical_ops(),
+                                              pipeline=tuple(map(tuple, mode.pipeline)))
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured

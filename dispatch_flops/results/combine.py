@@ -80,6 +80,10 @@ def _sum_dtensor_ops(values: list, first) -> tuple:
     return tuple(k + tuple(v) for k, v in out.items())
 
 
+def _concatenated(values: list, first) -> tuple:
+    return tuple(x for v in values for x in v)
+
+
 def _keep(value, *_) -> Any:
     return value
 
@@ -174,6 +178,7 @@ RUN_RULES: dict[str, Rule] = {
     "world_size": Rule(_first),
     "pricing_errors": Rule(_union),
     "dtensor_ops": Rule(_sum_dtensor_ops),
+    "pipeline": Rule(_concatenated),
 }
 RULES = {ModuleFacts: MODULE_RULES, RunFacts: RUN_RULES}
 

@@ -57,3 +57,9 @@ class RunFacts:
     # torch.backends.cuda.matmul.allow_tf32 when the block began: fp32 matmuls run on tf32
     # tensor cores, and MFU divides their flops by the tf32 peak
     allow_tf32: bool = False
+    # a pipeline stage's actions (``dispatch_flops.distributed.pipeline_stage``), in the order
+    # they ran: ``(stage, action, microbatch, start_ns, ns, sent, received)`` each; action
+    # torch's letter ("F" forward, "B" full backward, "I" input gradients, "W" weight
+    # gradients), ns its time (start_ns from the block's start; both 0 untimed), sent and
+    # received the bytes of the activations (F) or gradients (B, I) it sent and received
+    pipeline: tuple = ()

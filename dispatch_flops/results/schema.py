@@ -96,6 +96,7 @@ def to_dict(profile: Profile) -> dict:
         "pricing_errors": list(run.pricing_errors),
         "dtensor_ops": [{"overload": o, "shapes": [list(s) for s in shapes], "calls": c,
                          "flops": f, "macs": m} for o, shapes, c, f, m in run.dtensor_ops],
+        "pipeline": [dict(zip(_PIPELINE_FIELDS, action)) for action in run.pipeline],
         "modules": [
             {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
              "forward_span_ns": facts.spans.get(name)}
@@ -278,6 +279,8 @@ def _facts(data: dict) -> tuple[ModuleFacts, RunFacts]:
     run_fields["dtensor_ops"] = tuple(
         (o["overload"], tuple(tuple(s) for s in o["shapes"]), o["calls"], o["flops"],
          o["macs"]) for o in run_fields.get("dtensor_ops", ()))
+    run_fields["pipeline"] = tuple(tuple(a[f] for f in _PIPELINE_FIELDS)
+                                   for a in run_fields.get("pipeline", ()))
     run = RunFacts(model=data["model"], **run_fields)
     modules = data["modules"]
     facts = ModuleFacts(
@@ -384,6 +387,13 @@ _DTENSOR_OP = validate.obj({
     "overload": (validate.text, True),
     "shapes": (validate.list_of(validate.shape, "shapes"), True),
     **{c: (validate.count, True) for c in ("calls", "flops", "macs")}})
+_PIPELINE_FIELDS = ("stage", "action", "microbatch", "start_ns", "ns", "sent", "received")
+_PIPELINE_ACTION = validate.obj({
+    "stage": (validate.count, True), "action": (validate.one_of(
+        {a: a for a in ("F", "B", "I", "W")}, "pipeline action"), True),
+    "microbatch": (validate.count, True), "start_ns": (validate.ns, True),
+    "ns": (validate.ns, True), "sent": (validate.count, True),
+    "received": (validate.count, True)})
 # files written before them lack the fields that are not required
 _RUN = validate.obj({
     "model": (validate.text, True), "timing": (validate.flag, True),
@@ -400,6 +410,7 @@ _RUN = validate.obj({
     "world_size": (validate.optional(validate.positive), False),
     "pricing_errors": (validate.names, False),
     "dtensor_ops": (validate.list_of(_DTENSOR_OP, "DTensor ops"), False),
+    "pipeline": (validate.list_of(_PIPELINE_ACTION, "pipeline actions"), False),
     "saved": (validate.list_of(_SAVED, "saved bytes"), False),
     "graph_runs": (validate.list_of(_GRAPH_RUN, "graph runs"), False),
     "in_graphs": (validate.names, False)})

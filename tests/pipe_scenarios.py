@@ -1,0 +1,80 @@
+"""Run in spawned processes by test_pipeline: one rank of a real gloo group is one pipeline
+stage (torch.distributed.pipelining), runs GPipe and 1F1B steps under a counter with
+``pipeline_stage``, gathers them, and writes what it saw to ``rank{r}.json`` for the test to
+check against hand counts it computes itself. One spawn runs every schedule."""
+
+import json
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dispatch_flops import FlopCounter
+from dispatch_flops.distributed import gather, pipeline_stage
+
+D, BATCH, MICRO = 8, 8, 4  # every stage a Linear(D, D); microbatches of BATCH / MICRO rows
+
+
+def stage_module(rank: int) -> nn.Module:
+    """Stage 0 a bare Linear, the others a Linear and a ReLU: the stages' trees differ."""
+    torch.manual_seed(rank)
+    return nn.Linear(D, D) if rank == 0 else nn.Sequential(nn.Linear(D, D), nn.ReLU())
+
+
+def summary(p) -> dict:
+    """What a test checks of one rank's run: MACs per phase, communication per (operator,
+    phase) as [calls, comm_bytes], the pipeline actions."""
+    comm: dict = {}
+    for r in p.records():
+        if r.category == "communication":
+            entry = comm.setdefault(f"{r.operator}|{r.phase}|{r.module}", [0, 0])
+            entry[0] += r.stats.calls
+            entry[1] += r.stats.comm_bytes
+    return {"macs": {ph: s.macs for ph, s in p.by_phase().items()}, "comm": comm,
+            "flops": p.total.flops,
+            "pipeline": [list(a) for a in p.run.pipeline], "wall_s": p.wall_s,
+            "stages": {str(k): vars(v) for k, v in p.pipeline().items()}}
+
+
+def run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=60))
+    out: dict = {}
+    try:
+        for name, schedule in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
+            module = stage_module(rank)
+            stage = PipelineStage(module, rank, world_size, torch.device("cpu"))
+            steps = schedule(stage, MICRO, loss_fn=lambda y, target: y.sum())
+            x = torch.randn(BATCH, D, generator=torch.Generator().manual_seed(1))
+
+            def step():
+                if rank == 0:
+                    steps.step(x)
+                elif rank == world_size - 1:
+                    steps.step(target=torch.zeros(BATCH, D), losses=[])
+                else:
+                    steps.step()
+
+            step()  # the first step also infers shapes between stages: left uncounted
+            with FlopCounter(module, timing=True) as fc, pipeline_stage(stage, fc):
+                step()
+            out[name] = summary(fc.to_profile())
+            out[name]["restored"] = "forward_one_chunk" not in vars(stage)
+            run = gather(fc)
+            if run is not None:
+                out[name]["gathered"] = {
+                    "names": run.module_names(), "root": run.root_label,
+                    "macs": run.total.macs, "comm_bytes": run.total.comm_bytes,
+                    "rank_macs": [r.total.macs for r in run.ranks],
+                    "imbalance": run.imbalance(), "table": run.table(ranks=True, width=120),
+                    "stages": {str(k): vars(v) for k, v in run.pipeline().items()},
+                    "forward_comm": run.by_phase()["forward"].comm_bytes,
+                    "backward_comm": run.by_phase()["backward"].comm_bytes}
+        with open(f"{out_dir}/rank{rank}.json", "w") as f:
+            json.dump(out, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
