@@ -50,7 +50,7 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
             steps = schedule(stage, MICRO, loss_fn=lambda y, target: y.sum())
             x = torch.randn(BATCH, D, generator=torch.Generator().manual_seed(1))
 
-            def step():
+            def step(steps=steps):
                 if rank == 0:
                     steps.step(x)
                 elif rank == world_size - 1:

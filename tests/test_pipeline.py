@@ -13,7 +13,7 @@ import pipe_scenarios
 import pytest
 import torch
 import torch.multiprocessing as mp
-from pipe_scenarios import BATCH, D, MICRO
+from pipe_scenarios import BATCH, MICRO, D
 
 from dispatch_flops import FlopCounter, Profile
 from dispatch_flops.distributed import gathered, pipeline_stage
@@ -202,3 +202,25 @@ def test_pipeline_actions_round_trip_and_merge(tmp_path):
     g = gathered([a, fc])
     assert g.module_names() == ["", "stage0", "rank1", "rank1.0"]
     assert [r.module_names() for r in g.ranks] == [["", "stage0"], ["", "rank1", "rank1.0"]]
+
+
+def test_alike_stages_are_gathered_side_by_side_and_ranks_of_one_stage_merged():
+    """Stages with the same modules are still stages (their actions name them): side by side;
+    runs without pipeline actions and the same tree are ranks of one model: merged."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with FlopCounter(model) as fc:
+        model(torch.ones(1, 2))
+    base = fc.to_profile().to_dict()
+
+    def stage(i):
+        return Profile.from_dict({**base, "pipeline": [
+            {"stage": i, "action": "F", "microbatch": 0, "start_ns": 0, "ns": 0, "sent": 8,
+             "received": 0}]})
+
+    g = gathered([stage(0), stage(1)])
+    assert g.module_names() == ["", "stage0", "stage0.0", "stage1", "stage1.0"]
+    assert g.total.macs == 2 * fc.total.macs
+    assert g.imbalance()["stage1.0"]["flops"] == (fc.total.flops,) * 3
+    assert sorted(g.pipeline()) == [0, 1]
+    same = gathered([fc, fc])
+    assert same.module_names() == ["", "0"] and same.total.macs == 2 * fc.total.macs

@@ -33,6 +33,17 @@ def part_name(profile: Profile, position: int) -> str:
     return f"rank{position if rank is None else rank}"
 
 
+def apart(profiles: Sequence[Profile]) -> bool:
+    """Whether runs are parts of one model rather than copies of it: their models differ
+    (root label or module tree), or their pipeline actions name different stages."""
+    first = profiles[0]
+    if any(p.root_label != first.root_label or p.module_facts.names != first.module_facts.names
+           for p in profiles[1:]):
+        return True
+    named = [{action[STAGE] for action in p.run.pipeline} for p in profiles]
+    return len({frozenset(n) for n in named if n}) > 1
+
+
 def _moved(name: str, prefix: str) -> str:
     return prefix if name == ROOT else f"{prefix}.{name}"
 
@@ -117,7 +128,7 @@ def stage_stats(profile: Profile) -> dict[int, StageStats]:
             by_stage.setdefault(action[STAGE], []).append(action)
         timed = run.timing and run.wall_s is not None
         for stage, actions in sorted(by_stage.items()):
-            def moved(letters: str, slot: int) -> int:
+            def moved(letters: str, slot: int, actions: list = actions) -> int:
                 return sum(a[slot] for a in actions if a[1] in letters)
 
             busy = sum(a[4] for a in actions) / 1e9 if timed else None

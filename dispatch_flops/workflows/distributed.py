@@ -85,14 +85,14 @@ def gathered(profiles) -> Profile:
     side), ``wall_s`` the longest rank's, ``world_size`` their number, and the DTensor-level
     (logical) ops are the first rank's (every rank runs the same global program).
 
-    Ranks that ran different models (pipeline stages) are gathered side by side: each one's
+    Ranks that ran different models, or different pipeline stages (``pipeline_stage``: alike
+    stages too), are gathered side by side: each one's
     tree under a child of a common root labelled ``Pipeline`` (``stage<i>`` as its pipeline
     actions name it, else ``rank<r>``), every view summing over the whole pipeline, and
     ``ranks`` holding each rank's re-rooted Profile (its own tree only): ``imbalance``
     compares a module over the ranks that have it, the root over every rank."""
     profiles = [as_profile(p) for p in profiles]
-    if any(p.root_label != profiles[0].root_label
-           or p.module_facts.names != profiles[0].module_facts.names for p in profiles[1:]):
+    if stages.apart(profiles):
         profiles, own = stages.side_by_side(profiles)
         return _gathered(profiles).replace(ranks=tuple(own))
     return _gathered(profiles)
