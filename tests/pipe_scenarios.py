@@ -1,19 +1,22 @@
 """Run in spawned processes by test_pipeline: one rank of a real gloo group is one pipeline
 stage (torch.distributed.pipelining), runs GPipe and 1F1B steps under a counter with
-``pipeline_stage``, gathers them, and writes what it saw to ``rank{r}.json`` for the test to
-check against hand counts it computes itself. One spawn runs every schedule."""
+``pipeline_stage``, gathers them, then counts an MoE layer whose routing depends on the rank
+(expert load), and writes what it saw to ``rank{r}.json`` for the test to check against hand
+counts it computes itself. One spawn runs every scenario."""
 
 import json
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from moe_models import ListMoE
 from torch import nn
 
 from dispatch_flops import FlopCounter
 from dispatch_flops.distributed import gather, pipeline_stage
 
 D, BATCH, MICRO = 8, 8, 4  # every stage a Linear(D, D); microbatches of BATCH / MICRO rows
+MOE_EXPERTS, MOE_ROUTE = 4, [0, 0, 0, 1, 2, 2, 0, 1, 0, 2]  # rank 0's routing of 10 tokens
 
 
 def stage_module(rank: int) -> nn.Module:
@@ -73,6 +76,17 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
                     "stages": {str(k): vars(v) for k, v in run.pipeline().items()},
                     "forward_comm": run.by_phase()["forward"].comm_bytes,
                     "backward_comm": run.by_phase()["backward"].comm_bytes}
+        # expert load: every rank routes the same tokens to experts shifted by its rank
+        moe = ListMoE(D, 2 * D, MOE_EXPERTS, [(e + rank) % MOE_EXPERTS for e in MOE_ROUTE])
+        with FlopCounter(moe) as fc:
+            moe(torch.randn(len(MOE_ROUTE), D)).sum().backward()
+        out["moe"] = {"tokens": list(fc.experts()["experts"].tokens)}
+        run = gather(fc)
+        if run is not None:
+            layer = run.experts()["experts"]
+            out["moe"]["gathered"] = {"tokens": list(layer.tokens), "calls": layer.calls,
+                                      "ranks": [list(r.experts()["experts"].tokens)
+                                                for r in run.ranks]}
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump(out, f)
         dist.barrier()

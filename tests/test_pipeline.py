@@ -167,6 +167,18 @@ def test_stages_gathered_side_by_side(world, schedule):
     assert root.startswith("Pipeline")
 
 
+def test_expert_load_per_rank_and_gathered(world):
+    """Rank r sends token i to expert (route[i] + r) mod 4: its tokens per expert are rank
+    0's [5, 2, 3, 0] shifted by r; gathered, they add up expert by expert, one call per rank."""
+    n, ranks = world
+    base = [5, 2, 3, 0]
+    mine = [[base[(e - r) % 4] for e in range(4)] for r in range(n)]
+    assert [r["moe"]["tokens"] for r in ranks] == mine
+    g = ranks[0]["moe"]["gathered"]
+    assert g["ranks"] == mine and g["calls"] == n
+    assert g["tokens"] == [sum(m[e] for m in mine) for e in range(4)]
+
+
 # -- without spawning ---------------------------------------------------------------------
 def test_pipeline_stage_refuses_what_it_cannot_watch():
     """A stage outside a counting block, or an object that is no pipeline stage: ValueError

@@ -84,6 +84,17 @@ def _concatenated(values: list, first) -> tuple:
     return tuple(x for v in values for x in v)
 
 
+def _sum_experts(values: list, first) -> tuple:
+    out: dict = {}
+    for layers in values:
+        for layer, tokens, rows, calls in layers:
+            had = out.get(layer)
+            out[layer] = (tokens, rows, calls) if had is None or len(had[0]) != len(tokens) \
+                else (tuple(map(sum, zip(had[0], tokens))), tuple(map(sum, zip(had[1], rows))),
+                      had[2] + calls)
+    return tuple((layer,) + v for layer, v in out.items())
+
+
 def _keep(value, *_) -> Any:
     return value
 
@@ -179,6 +190,7 @@ RUN_RULES: dict[str, Rule] = {
     "pricing_errors": Rule(_union),
     "dtensor_ops": Rule(_sum_dtensor_ops),
     "pipeline": Rule(_concatenated),
+    "experts": Rule(_sum_experts),
 }
 RULES = {ModuleFacts: MODULE_RULES, RunFacts: RUN_RULES}
 

@@ -63,3 +63,6 @@ class RunFacts:
     # gradients), ns its time (start_ns from the block's start; both 0 untimed), sent and
     # received the bytes of the activations (F) or gradients (B, I) it sent and received
     pipeline: tuple = ()
+    # MoE layers (engine.experts): ``(layer, tokens per expert, rows computed per expert,
+    # calls)`` each, in tree order; rows exceed tokens where the kernel pads to a capacity
+    experts: tuple = ()

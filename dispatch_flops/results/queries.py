@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
-from dispatch_flops.results import aggregate, present, schema, stages, utilisation
+from dispatch_flops.results import aggregate, experts, present, schema, stages, utilisation
+from dispatch_flops.results.experts import ExpertStats
 from dispatch_flops.results.roofline import DeviceSpec, Roofline
 from dispatch_flops.results.stages import StageStats
 from dispatch_flops.results.stats import (
@@ -180,6 +181,18 @@ class ProfileViews:
         (every stage). {} outside a pipeline."""
         p = self.to_profile()
         return dict(p.memo("pipeline", lambda: stages.stage_stats(p)))
+
+    def experts(self) -> dict[str, ExpertStats]:
+        """``{MoE layer: ExpertStats}``: the tokens each expert of each MoE layer was given,
+        their imbalance (max / mean), idle experts and the padding of capacity kernels (the
+        rules that recognise experts: docs/distributed.md); summed over gathered ranks and
+        merged runs. {} for a model without recognised experts."""
+        p = self.to_profile()
+        return dict(p.memo("experts", lambda: experts.expert_stats(p)))
+
+    def experts_table(self) -> str:
+        """``experts()`` as text, one line per MoE layer."""
+        return experts.experts_text(self.to_profile())
 
     # -- time -------------------------------------------------------------------------------
     def top_ops_by_time(self, k: int = 10) -> list[tuple[str, Stats]]:

@@ -97,6 +97,8 @@ def to_dict(profile: Profile) -> dict:
         "dtensor_ops": [{"overload": o, "shapes": [list(s) for s in shapes], "calls": c,
                          "flops": f, "macs": m} for o, shapes, c, f, m in run.dtensor_ops],
         "pipeline": [dict(zip(_PIPELINE_FIELDS, action)) for action in run.pipeline],
+        "experts": [{"layer": layer, "tokens": list(tokens), "rows": list(rows), "calls": calls}
+                    for layer, tokens, rows, calls in run.experts],
         "modules": [
             {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
              "forward_span_ns": facts.spans.get(name)}
@@ -281,6 +283,8 @@ def _facts(data: dict) -> tuple[ModuleFacts, RunFacts]:
          o["macs"]) for o in run_fields.get("dtensor_ops", ()))
     run_fields["pipeline"] = tuple(tuple(a[f] for f in _PIPELINE_FIELDS)
                                    for a in run_fields.get("pipeline", ()))
+    run_fields["experts"] = tuple((e["layer"], tuple(e["tokens"]), tuple(e["rows"]), e["calls"])
+                                  for e in run_fields.get("experts", ()))
     run = RunFacts(model=data["model"], **run_fields)
     modules = data["modules"]
     facts = ModuleFacts(
@@ -394,6 +398,10 @@ _PIPELINE_ACTION = validate.obj({
     "microbatch": (validate.count, True), "start_ns": (validate.ns, True),
     "ns": (validate.ns, True), "sent": (validate.count, True),
     "received": (validate.count, True)})
+_EXPERT_LAYER = validate.obj({
+    "layer": (validate.text, True), "calls": (validate.count, True),
+    "tokens": (validate.list_of(validate.count, "token counts"), True),
+    "rows": (validate.list_of(validate.count, "row counts"), True)})
 # files written before them lack the fields that are not required
 _RUN = validate.obj({
     "model": (validate.text, True), "timing": (validate.flag, True),
@@ -411,6 +419,7 @@ _RUN = validate.obj({
     "pricing_errors": (validate.names, False),
     "dtensor_ops": (validate.list_of(_DTENSOR_OP, "DTensor ops"), False),
     "pipeline": (validate.list_of(_PIPELINE_ACTION, "pipeline actions"), False),
+    "experts": (validate.list_of(_EXPERT_LAYER, "expert layers"), False),
     "saved": (validate.list_of(_SAVED, "saved bytes"), False),
     "graph_runs": (validate.list_of(_GRAPH_RUN, "graph runs"), False),
     "in_graphs": (validate.names, False)})

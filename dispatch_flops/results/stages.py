@@ -66,7 +66,9 @@ def rerooted(profile: Profile, prefix: str) -> Profile:
         in_graphs=tuple(_moved(n, prefix) for n in facts.in_graphs))
     rows = [(key._replace(stack=stack(key.stack)), counts) for key, counts in profile.rows]
     return profile.replace(rows=rows, module_facts=moved,
-                           run=replace(profile.run, model=PIPELINE, has_model=True),
+                           run=replace(profile.run, model=PIPELINE, has_model=True,
+                                       experts=tuple((_moved(layer, prefix), *rest)
+                                                     for layer, *rest in profile.run.experts)),
                            parts=(), ranks=(), trace=None)
 
 
