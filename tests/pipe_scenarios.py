@@ -40,6 +40,57 @@ def summary(p) -> dict:
             "stages": {str(k): vars(v) for k, v in p.pipeline().items()}}
 
 
+CP_SHAPE = (1, 2, 16, 8)  # context parallel attention: [batch, heads, sequence, head dim]
+
+
+def ring_attention(q, k, v, rank: int, n: int):
+    """Context parallel attention as ring attention does it: this rank's query block against
+    every key / value block, the blocks rotating around the ring (send to the next rank,
+    receive from the previous one) while the current one is computed; the partial results
+    merged by their log-sum-exp (the CPU flash kernel returns it)."""
+    out = lse = None
+    for step in range(n):
+        works = []
+        if step < n - 1:
+            k_next, v_next = torch.empty_like(k), torch.empty_like(v)
+            after, before = (rank + 1) % n, (rank - 1) % n
+            works = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, k, after), dist.P2POp(dist.isend, v, after),
+                dist.P2POp(dist.irecv, k_next, before), dist.P2POp(dist.irecv, v_next, before)])
+        block, block_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v)[:2]
+        block_lse = block_lse.unsqueeze(-1)
+        if out is None:
+            out, lse = block, block_lse
+        else:
+            merged = torch.logaddexp(lse, block_lse)
+            out = out * torch.exp(lse - merged) + block * torch.exp(block_lse - merged)
+            lse = merged
+        for work in works:
+            work.wait()
+        if step < n - 1:
+            k, v = k_next, v_next
+    return out
+
+
+def context_parallel_runs(rank: int, n: int) -> dict:
+    """Ring attention over the ranks' sequence blocks (each rank's block of the same q, k,
+    v), checked against the whole attention. (torch's own context_parallel runs forward
+    only on CPU in torch 2.13, its backward having no sharding rule for the CPU flash
+    kernel: docs/distributed.md.)"""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*CP_SHAPE, generator=g) for _ in range(3))
+    block = CP_SHAPE[2] // n
+    mine = [t[:, :, rank * block:(rank + 1) * block].contiguous() for t in (q, k, v)]
+    with FlopCounter() as fc:
+        out = ring_attention(*mine, rank, n)
+    whole = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    out_cp: dict = {"right": torch.allclose(out, whole[:, :, rank * block:(rank + 1) * block],
+                                            atol=1e-5)}
+    out_cp["ring"] = summary(fc.to_profile())
+    return out_cp
+
+
 def run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -87,6 +138,7 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
             out["moe"]["gathered"] = {"tokens": list(layer.tokens), "calls": layer.calls,
                                       "ranks": [list(r.experts()["experts"].tokens)
                                                 for r in run.ranks]}
+        out["cp"] = context_parallel_runs(rank, world_size)
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump(out, f)
         dist.barrier()

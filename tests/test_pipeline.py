@@ -236,3 +236,27 @@ def test_alike_stages_are_gathered_side_by_side_and_ranks_of_one_stage_merged():
     assert sorted(g.pipeline()) == [0, 1]
     same = gathered([fc, fc])
     assert same.module_names() == ["", "0"] and same.total.macs == 2 * fc.total.macs
+
+
+# -- context parallel ---------------------------------------------------------------------
+def test_ring_attention_counts_each_rank_its_share(world):
+    """Ring attention over n ranks: each rank's query block (S/n rows) meets every key block,
+    so it does S/n x S of the S x S scores, 2 products each (QK, PV): 2 B H (S/n) S d MACs
+    per rank, no factor of n or n^2 wrong, and the ranks add up to the whole attention. It
+    sends its K and V blocks on n - 1 times: 2 (n - 1) sends of B H (S/n) d floats; receives
+    cost nothing (the sender's traffic). The result is the whole attention's rows."""
+    from pipe_scenarios import CP_SHAPE
+
+    n, ranks = world
+    b, h, s, d = CP_SHAPE
+    per_rank = 2 * b * h * (s // n) * s * d
+    kv_block = b * h * (s // n) * d * FLOAT
+    for rank in ranks:
+        cp = rank["cp"]
+        assert cp["right"]
+        ring = cp["ring"]
+        assert ring["macs"]["forward"] == per_rank  # no model: what runs is forward
+        assert ring["comm"] == {
+            "c10d.send|forward|": [2 * (n - 1), 2 * (n - 1) * kv_block],
+            "c10d.recv_|forward|": [2 * (n - 1), 0]}
+    assert sum(r["cp"]["ring"]["macs"]["forward"] for r in ranks) == 2 * b * h * s * s * d
