@@ -102,6 +102,9 @@ def pipeline_main(rank: int, world_size: int, port: int) -> None:
                 continue
             print(f"\n== pipeline, {name}, {world_size} stages: gathered ==")
             print(run.table(ranks=True, depth=1))
+            for r in run.ranks:
+                print(f"rank {r.run.rank}: {r.total.flops:,} flops, {r.total.macs:,} MACs, "
+                      f"{r.total.comm_bytes:,} comm bytes")
             low, mean, high = run.imbalance()[""]["flops"]
             print(f"flops per stage min / mean / max: {low:,} / {mean:,.0f} / {high:,} "
                   f"(max / mean {high / mean:.3f})")
