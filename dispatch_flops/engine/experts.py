@@ -47,7 +47,7 @@ def _fused(module: nn.Module) -> Optional[int]:
 def expert_layers(names: tuple, modules) -> list[tuple[str, nn.Module, int]]:
     """``(name, module, experts)`` of every MoE layer among ``modules`` (named ``names``),
     in tree order: a fused experts module, or a list of experts (see the module's rules)."""
-    out = []
+    out: list[tuple[str, nn.Module, int]] = []
     for name, module in zip(names, modules):
         if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "experts" and \
                 len(module) >= 2:
