@@ -1,5 +1,6 @@
 """The results room: a finished run as data. ``Profile`` (``profile``) holds rows (``rows``) and
 facts (``facts``); every view is ``ProfileViews`` (``queries``), computed by ``aggregate`` and
 ``utilisation`` (rooflines, MFU); ``combine`` merges runs, ``schema`` reads and writes them,
-``validate`` bounds what enters one (from a file, a rank, a formula's ``Cost``).
+``validate`` bounds what enters one (from a file, a rank, a formula's ``Cost``); ``stages``
+puts pipeline stages side by side and sums their actions, ``experts`` reads MoE expert load.
 It imports nothing of the engine or the views: its text and files go through ``present``."""
