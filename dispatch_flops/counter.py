@@ -19,7 +19,9 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dispatch_flops.engine import compiled as _compiled
+from dispatch_flops.engine import experts as _experts
 from dispatch_flops.engine import facts as _facts
+from dispatch_flops.engine.experts import ExpertLoad
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
 from dispatch_flops.engine.records import Captured, engine_cache
@@ -108,6 +110,7 @@ class FlopCounter(ProfileViews):
         self._saved_hooks: Optional[saved_tensors_hooks] = None
         self._saved: Optional[SavedActivations] = None  # bytes saved for backward, if asked
         self._relay = None  # the Relay this counter put under the mode below it, if nested
+        self._experts: Optional[ExpertLoad] = None  # the MoE layers' hooks (engine.experts)
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts)
         # (volatile run facts, (module types, params)) read at exit: see __exit__
         self._at_exit: Optional[tuple] = None
@@ -137,6 +140,9 @@ class FlopCounter(ProfileViews):
             tracker = ModuleTracker(self.model, mode, timer, ledger, guard, self._every_module)
             mode.bind(tracker)
             tracker.attach()
+            # MoE layers' expert load (hooks on recognised expert modules only)
+            self._experts = _experts.watch(tracker.module_names(), tracker.modules()) \
+                if self.model is not None else None
         except BaseException:
             if ledger is not None:
                 ledger.busy = False
@@ -157,6 +163,8 @@ class FlopCounter(ProfileViews):
                     raise
         except BaseException:
             tracker.detach()
+            if self._experts is not None:
+                self._experts.detach()
             tracker.close(tracker.mode_left_installed())
             _unrelay(relay)
             raise
@@ -188,6 +196,8 @@ class FlopCounter(ProfileViews):
         finally:
             _compiled.leave(mode)
             tracker.detach()
+            if self._experts is not None:
+                self._experts.detach()
             _unrelay(self._relay)
             self._relay = None
             if self._timer is not None:  # on every stream used: side streams' work inside
@@ -269,7 +279,9 @@ class FlopCounter(ProfileViews):
         return counts, facts, self._run_facts(
             pricing_errors=counts.errors, dtensor_ops=mode.logical_ops(),
             attention_calls=_facts.attention_calls(tracker, mode.resolved),
-            parameters=_facts.parameter_groups(tracker, mode.resolved))
+            parameters=_facts.parameter_groups(tracker, mode.resolved),
+            pipeline=tuple(map(tuple, mode.pipeline)),
+            experts=self._experts.facts() if self._experts is not None else ())
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured

@@ -76,6 +76,7 @@ def node_phase(node) -> int:
 # fake mode DTensor's sharding propagation runs under
 _UNWRAPPED = frozenset(("DTensor", "AsyncCollectiveTensor"))
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
+_COMMUNICATION = Category.COMMUNICATION
 
 
 def _unwrapping(types) -> Optional[str]:
@@ -573,6 +574,24 @@ class CountingMode(TorchDispatchMode):
         # the DTensor-level ops this mode let DTensor unwrap (``_unwrapping``): their global
         # (logical) figure, {key: [calls, Signature or None, resolution]}
         self.logical: dict = {}
+        # point-to-point transfers a workflow has told apart before they run (pipeline
+        # stages: ``workflows.pipeline``): {id(tensor): (tensor, accumulator)}, each sent or
+        # received tensor's transfer counted into that accumulator (the stage's forward or
+        # backward) instead of the running frame's; and the actions it noted, as run facts
+        self.p2p_tags: dict = {}
+        self.pipeline: list = []
+
+    def _tagged(self, args, acc: dict) -> dict:
+        """The accumulator a tagged tensor among a communication op's arguments names (its
+        tag used up: a tensor is sent or received once), else ``acc``."""
+        tags = self.p2p_tags
+        for a in args:
+            for t in (a if a.__class__ is list or a.__class__ is tuple else (a,)):
+                if isinstance(t, Tensor):
+                    tag = tags.pop(id(t), None)
+                    if tag is not None and tag[0] is t:
+                        return tag[1]
+        return acc
 
     def bind(self, tracker: ModuleTracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
@@ -801,6 +820,8 @@ class CountingMode(TorchDispatchMode):
                 if self.recomputing or caller not in self._in_step:
                     self._recheck(caller)
             acc = self.forward_acc
+            if self.p2p_tags and resolved.category is _COMMUNICATION:  # see p2p_tags
+                acc = self._tagged(args, acc)
         elif self.recomputing:  # the tracker points forward_acc at the recomputation
             acc = self.forward_acc
         else:

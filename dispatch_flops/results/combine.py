@@ -96,6 +96,19 @@ def _minus_attention_calls(later: tuple, earlier: tuple) -> tuple:
     before = {tuple(c[:-1]): c[-1] for c in earlier}
     out = ((tuple(c[:-1]), c[-1] - before.get(tuple(c[:-1]), 0)) for c in later)
     return tuple(k + (n,) for k, n in out if n)
+def _concatenated(values: list, first) -> tuple:
+    return tuple(x for v in values for x in v)
+
+
+def _sum_experts(values: list, first) -> tuple:
+    out: dict = {}
+    for layers in values:
+        for layer, tokens, rows, calls in layers:
+            had = out.get(layer)
+            out[layer] = (tokens, rows, calls) if had is None or len(had[0]) != len(tokens) \
+                else (tuple(map(sum, zip(had[0], tokens))), tuple(map(sum, zip(had[1], rows))),
+                      had[2] + calls)
+    return tuple((layer,) + v for layer, v in out.items())
 
 
 def _keep(value, *_) -> Any:
@@ -195,6 +208,8 @@ RUN_RULES: dict[str, Rule] = {
     "attention_calls": Rule(_sum_attention_calls, _mean_attention_calls,
                             _minus_attention_calls),
     "parameters": Rule(_first),
+    "pipeline": Rule(_concatenated),
+    "experts": Rule(_sum_experts),
 }
 RULES = {ModuleFacts: MODULE_RULES, RunFacts: RUN_RULES}
 

@@ -62,3 +62,12 @@ class RunFacts:
     allow_tf32: bool = False
     attention_calls: tuple = ()
     parameters: tuple = ()
+    # a pipeline stage's actions (``dispatch_flops.distributed.pipeline_stage``), in the order
+    # they ran: ``(stage, action, microbatch, start_ns, ns, sent, received)`` each; action
+    # torch's letter ("F" forward, "B" full backward, "I" input gradients, "W" weight
+    # gradients), ns its time (start_ns from the block's start; both 0 untimed), sent and
+    # received the bytes of the activations (F) or gradients (B, I) it sent and received
+    pipeline: tuple = ()
+    # MoE layers (engine.experts): ``(layer, tokens per expert, rows computed per expert,
+    # calls)`` each, in tree order; rows exceed tokens where the kernel pads to a capacity
+    experts: tuple = ()

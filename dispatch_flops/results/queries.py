@@ -14,8 +14,18 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
-from dispatch_flops.results import aggregate, conventions, present, schema, utilisation
+from dispatch_flops.results import (
+    aggregate,
+    conventions,
+    experts,
+    present,
+    schema,
+    stages,
+    utilisation,
+)
+from dispatch_flops.results.experts import ExpertStats
 from dispatch_flops.results.roofline import DeviceSpec, Roofline
+from dispatch_flops.results.stages import StageStats
 from dispatch_flops.results.stats import (
     CATEGORIES,
     COUNTS,
@@ -151,22 +161,46 @@ class ProfileViews:
     def imbalance(self, phase: Optional[str] = None
                   ) -> dict[str, dict[str, tuple[float, float, float]]]:
         """Over the gathered ranks, per module: ``{"flops" | "comm_bytes" | "latency_s":
-        (min, mean, max)}`` of its inclusive counts (latency only when timed). ``ValueError``
-        on a Profile that was not gathered (``dispatch_flops.distributed.gather``)."""
+        (min, mean, max)}`` of its inclusive counts (latency only when timed), over the
+        ranks whose model has the module (pipeline stages: a stage's modules on its rank; the
+        root, the whole pipeline, over every rank). ``ValueError`` on a Profile that was not
+        gathered (``dispatch_flops.distributed.gather``)."""
         p = self.to_profile()
         if not p.ranks:
             raise ValueError("imbalance needs a gathered Profile: dispatch_flops.distributed"
                              ".gather(fc) on every rank")
-        per_rank = [r.by_module(phase) for r in p.ranks]
+        per_rank = [(r.by_module(phase), frozenset(r.module_facts.names)) for r in p.ranks]
         metrics = ("flops", "comm_bytes") + (("latency_s",) if p.timing else ())
         out = {}
         for name in p.by_module(phase):
             row = {}
+            having = [m for m, names in per_rank if name in names]
             for metric in metrics:
-                values = [getattr(m[name], metric) or 0 if name in m else 0 for m in per_rank]
+                values = [getattr(m[name], metric) or 0 if name in m else 0 for m in having]
                 row[metric] = (min(values), sum(values) / len(values), max(values))
             out[name] = row
         return out
+
+    def pipeline(self) -> dict[int, StageStats]:
+        """``{stage: StageStats}``: each pipeline stage's forward and backward actions, the
+        activation and gradient bytes it sent and received, and (timed) its busy and idle
+        seconds and ``bubble`` (idle / wall), for a run counted with
+        ``dispatch_flops.distributed.pipeline_stage`` (one stage), or gathered from such runs
+        (every stage). {} outside a pipeline."""
+        p = self.to_profile()
+        return dict(p.memo("pipeline", lambda: stages.stage_stats(p)))
+
+    def experts(self) -> dict[str, ExpertStats]:
+        """``{MoE layer: ExpertStats}``: the tokens each expert of each MoE layer was given,
+        their imbalance (max / mean), idle experts and the padding of capacity kernels (the
+        rules that recognise experts: docs/distributed.md); summed over gathered ranks and
+        merged runs. {} for a model without recognised experts."""
+        p = self.to_profile()
+        return dict(p.memo("experts", lambda: experts.expert_stats(p)))
+
+    def experts_table(self) -> str:
+        """``experts()`` as text, one line per MoE layer."""
+        return experts.experts_text(self.to_profile())
 
     # -- time -------------------------------------------------------------------------------
     def top_ops_by_time(self, k: int = 10) -> list[tuple[str, Stats]]:

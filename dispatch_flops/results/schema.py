@@ -99,6 +99,9 @@ def to_dict(profile: Profile) -> dict:
         "attention_calls": [dict(zip(_ATTENTION_FIELDS, (list(c[0]),) + tuple(c[1:])))
                             for c in run.attention_calls],
         "parameters": [{"group": g, "count": n} for g, n in run.parameters],
+        "pipeline": [dict(zip(_PIPELINE_FIELDS, action)) for action in run.pipeline],
+        "experts": [{"layer": layer, "tokens": list(tokens), "rows": list(rows), "calls": calls}
+                    for layer, tokens, rows, calls in run.experts],
         "modules": [
             {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
              "forward_span_ns": facts.spans.get(name)}
@@ -286,6 +289,10 @@ def _facts(data: dict) -> tuple[ModuleFacts, RunFacts]:
         for c in run_fields.get("attention_calls", ()))
     run_fields["parameters"] = tuple((g["group"], g["count"])
                                      for g in run_fields.get("parameters", ()))
+    run_fields["pipeline"] = tuple(tuple(a[f] for f in _PIPELINE_FIELDS)
+                                   for a in run_fields.get("pipeline", ()))
+    run_fields["experts"] = tuple((e["layer"], tuple(e["tokens"]), tuple(e["rows"]), e["calls"])
+                                  for e in run_fields.get("experts", ()))
     run = RunFacts(model=data["model"], **run_fields)
     modules = data["modules"]
     facts = ModuleFacts(
@@ -399,6 +406,17 @@ _ATTENTION_CALL = validate.obj({
     **{f: (validate.count, True) for f in _ATTENTION_FIELDS[1:] if f not in ("stack", "causal")}})
 _PARAMETER_GROUP = validate.obj({"group": (validate.text, True),
                                  "count": (validate.count, True)})
+_PIPELINE_FIELDS = ("stage", "action", "microbatch", "start_ns", "ns", "sent", "received")
+_PIPELINE_ACTION = validate.obj({
+    "stage": (validate.count, True), "action": (validate.one_of(
+        {a: a for a in ("F", "B", "I", "W")}, "pipeline action"), True),
+    "microbatch": (validate.count, True), "start_ns": (validate.ns, True),
+    "ns": (validate.ns, True), "sent": (validate.count, True),
+    "received": (validate.count, True)})
+_EXPERT_LAYER = validate.obj({
+    "layer": (validate.text, True), "calls": (validate.count, True),
+    "tokens": (validate.list_of(validate.count, "token counts"), True),
+    "rows": (validate.list_of(validate.count, "row counts"), True)})
 # files written before them lack the fields that are not required
 _RUN = validate.obj({
     "model": (validate.text, True), "timing": (validate.flag, True),
@@ -417,6 +435,8 @@ _RUN = validate.obj({
     "dtensor_ops": (validate.list_of(_DTENSOR_OP, "DTensor ops"), False),
     "attention_calls": (validate.list_of(_ATTENTION_CALL, "attention calls"), False),
     "parameters": (validate.list_of(_PARAMETER_GROUP, "parameter groups"), False),
+    "pipeline": (validate.list_of(_PIPELINE_ACTION, "pipeline actions"), False),
+    "experts": (validate.list_of(_EXPERT_LAYER, "expert layers"), False),
     "saved": (validate.list_of(_SAVED, "saved bytes"), False),
     "graph_runs": (validate.list_of(_GRAPH_RUN, "graph runs"), False),
     "in_graphs": (validate.names, False)})

@@ -323,3 +323,39 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
     _place_labels(fig, ax, [(name, x, y) for name, x, y, _, _ in
                             sorted(points, key=lambda p: -p[3])[:label_top]])
     return fig
+
+
+def experts(counter, *, layers: Optional[list] = None):
+    """Tokens per expert of each MoE layer (``Profile.experts``): one row of bars per layer,
+    the mean dashed, the title giving the imbalance (max / mean); rows a capacity kernel
+    computed with no token in them stacked light on top (padding). ``layers``: the names
+    to draw (all by default). ``ValueError`` for a run without recognised experts, or a
+    layer it does not have."""
+    p = as_profile(counter)
+    stats = p.experts()
+    if not stats:
+        raise ValueError("no MoE layers in this run (no module matched the expert rules: "
+                         "docs/distributed.md)")
+    names = list(stats) if layers is None else list(layers)
+    unknown = [n for n in names if n not in stats]
+    if unknown:
+        raise ValueError(f"no MoE layer {unknown}; the run's: {list(stats)}")
+    fig = _figure(6.4, 1.2 + 1.6 * len(names))
+    axes = fig.subplots(len(names), 1, squeeze=False)[:, 0]
+    for ax, name in zip(axes, names):
+        s = stats[name]
+        xs = range(s.experts)
+        ax.bar(xs, s.tokens, color="tab:blue", label="tokens")
+        padding = [r - t for r, t in zip(s.rows, s.tokens)]
+        if any(padding):
+            ax.bar(xs, padding, bottom=s.tokens, color="tab:blue", alpha=0.3,
+                   label="padding")
+            ax.legend(loc="upper right", fontsize="small")
+        ax.axhline(s.mean, color="black", linestyle="--", linewidth=1)
+        imbalance = f"{s.imbalance:.2f}" if s.imbalance is not None else "-"
+        ax.set_title(f"{name}: {_short(human(s.total))} tokens, max/mean {imbalance}"
+                     + (f", padding {s.padding:.1%}" if any(padding) else ""),
+                     fontsize="medium")
+        ax.set_ylabel("tokens")
+    axes[-1].set_xlabel("expert")
+    return fig

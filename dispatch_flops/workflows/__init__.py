@@ -1,4 +1,5 @@
 """Workflows built on ``FlopCounter``: warm repeats and their medians (``repeat.measure``),
 ``generate()`` cut into prefill and decode steps (``generation``), a run gathered from
-every rank (``distributed``), and tokens/s and MFU of a training loop timed on steps that are
-not counted (``throughput.ThroughputMeter``)."""
+every rank (``distributed``), a pipeline stage's transfers and actions told apart
+(``pipeline``), and tokens/s and MFU of a training loop timed on steps that are not counted
+(``throughput.ThroughputMeter``)."""

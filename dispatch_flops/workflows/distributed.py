@@ -24,10 +24,11 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Optional
 
-from dispatch_flops.results import schema
+from dispatch_flops.results import schema, stages
 from dispatch_flops.results.profile import Profile, as_profile
+from dispatch_flops.workflows.pipeline import pipeline_stage
 
-__all__ = ["gather", "gathered"]
+__all__ = ["gather", "gathered", "pipeline_stage"]
 
 _ROUNDS: dict = {}  # gathers made per group in this process: every rank counts the same
 
@@ -82,8 +83,22 @@ def gathered(profiles) -> Profile:
     """One Profile from the Profiles of a run's ranks (in rank order): every view sums over
     them (``Profile.merge``), ``ranks`` keeps them, ``steps`` is a rank's (they ran side by
     side), ``wall_s`` the longest rank's, ``world_size`` their number, and the DTensor-level
-    (logical) ops are the first rank's (every rank runs the same global program)."""
+    (logical) ops are the first rank's (every rank runs the same global program).
+
+    Ranks that ran different models, or different pipeline stages (``pipeline_stage``: alike
+    stages too), are gathered side by side: each one's
+    tree under a child of a common root labelled ``Pipeline`` (``stage<i>`` as its pipeline
+    actions name it, else ``rank<r>``), every view summing over the whole pipeline, and
+    ``ranks`` holding each rank's re-rooted Profile (its own tree only): ``imbalance``
+    compares a module over the ranks that have it, the root over every rank."""
     profiles = [as_profile(p) for p in profiles]
+    if stages.apart(profiles):
+        profiles, own = stages.side_by_side(profiles)
+        return _gathered(profiles).replace(ranks=tuple(own))
+    return _gathered(profiles)
+
+
+def _gathered(profiles: list) -> Profile:
     merged = Profile.merge(profiles)
     walls = [p.wall_s for p in profiles]
     run = replace(merged.run, steps=profiles[0].steps, rank=None, world_size=len(profiles),
