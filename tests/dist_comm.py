@@ -45,7 +45,7 @@ def _rounds(rank: int, n: int) -> dict:
     with FlopCounter(model) as fc:
         model(torch.randn(2, 4))
     seen = []
-    for round_, skipping in enumerate((None, n - 1, None, 0, None), start=1):
+    for skipping in (None, n - 1, None, 0, None):
         seen.append("skipped" if rank == skipping else _attempt(fc, timeout=2))
         dist.barrier()
     store = dist.distributed_c10d._get_default_store()
@@ -58,3 +58,75 @@ def _keys(store) -> list:
         return [k.decode() if isinstance(k, bytes) else k for k in store.list_keys()]
     except Exception as e:  # a store without the extended API
         return [f"unlisted: {e}"]
+
+
+# -- collectives: what each rank sends ------------------------------------------------------
+ROW = 16  # float32 elements per row: 64 bytes
+
+
+def rows_sent(call: int, src: int, dst: int) -> int:
+    """Rows rank ``src`` sends ``dst`` in all-to-all number ``call`` (its own chunk: 5)."""
+    return 5 if src == dst else 1 + (src + dst + call) % 3
+
+
+def _comm(fc) -> dict:
+    """``{operator: [calls, comm_bytes, comm_alg_bytes]}`` of the collectives counted."""
+    out: dict = {}
+    for r in fc.to_profile().records():
+        if r.category == "communication":
+            entry = out.setdefault(r.operator, [0, 0, 0])
+            entry[0] += r.stats.calls
+            entry[1] += r.stats.comm_bytes
+            entry[2] += r.stats.comm_alg_bytes
+    return out
+
+
+def _collectives(rank: int, n: int) -> dict:
+    import torch.distributed._functional_collectives as funcol
+
+    out: dict = {}
+
+    def split(call):
+        sent = [rows_sent(call, rank, d) for d in range(n)]
+        received = [rows_sent(call, s, rank) for s in range(n)]
+        return sent, received
+
+    # uneven all-to-all, functional (the MoE dispatch / combine path) then c10d's
+    with FlopCounter() as fc:
+        for call in (0, 1):
+            sent, received = split(call)
+            x = torch.randn(sum(sent), ROW)
+            y = funcol.all_to_all_single(x, received, sent, dist.group.WORLD)
+            y = funcol.wait_tensor(y)
+            assert y.shape[0] == sum(received)
+    out["functional_uneven"] = _comm(fc)
+    with FlopCounter() as fc:
+        for call in (0, 1):
+            sent, received = split(call)
+            x = torch.randn(sum(sent), ROW)
+            y = torch.empty(sum(received), ROW)
+            dist.all_to_all_single(y, x, received, sent)
+    out["c10d_uneven"] = _comm(fc)
+    with FlopCounter() as fc:  # even: no split sizes
+        x = torch.randn(4 * n, ROW)
+        dist.all_to_all_single(torch.empty_like(x), x)
+    out["c10d_even"] = _comm(fc)
+    # rooted collectives: root 1 for broadcast and reduce (so the chain's last rank is 0),
+    # root 0 for gather and scatter
+    t = torch.randn(4, ROW)
+    with FlopCounter() as fc:
+        dist.broadcast(t, src=1)
+    out["broadcast"] = _comm(fc)
+    with FlopCounter() as fc:
+        dist.reduce(t, dst=1)
+    out["reduce"] = _comm(fc)
+    with FlopCounter() as fc:
+        dist.gather(t, [torch.empty_like(t) for _ in range(n)] if rank == 0 else None, dst=0)
+    out["gather"] = _comm(fc)
+    with FlopCounter() as fc:
+        dist.scatter(t, [torch.randn(4, ROW) for _ in range(n)] if rank == 0 else None, src=0)
+    out["scatter"] = _comm(fc)
+    with FlopCounter() as fc:
+        dist.all_reduce(t)
+    out["all_reduce"] = _comm(fc)
+    return out

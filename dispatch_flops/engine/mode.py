@@ -196,7 +196,7 @@ def formula_call(args, kwargs, out, resolved) -> tuple:
     """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``);
     ``dtypes`` and ``layouts`` (one per argument) join the kwargs of formulas that declare
     them (every layout dense here: see ``_exotic_call`` for the others), ``group_size``
-    those of collectives that do."""
+    and ``group_rank`` those of collectives that do."""
     kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
     if resolved.with_dtypes:
         kw["dtypes"] = [_dtype(a) for a in args]
@@ -204,10 +204,12 @@ def formula_call(args, kwargs, out, resolved) -> tuple:
         kw["layouts"] = [None] * len(args)
     if resolved.with_group_size:
         kw["group_size"] = group_size(args, resolved.group_arg)
+    if resolved.with_group_rank:
+        kw["group_rank"] = group_rank(args, resolved.group_arg)
     return [_shape(a) for a in args], _shape(out), kw
 
 
-# -- collectives: keyed and priced by the size of their process group ------------------------
+# -- collectives: keyed and priced by the size of their process group and the rank in it -----
 def _process_group(v):
     """The ProcessGroup a collective's argument names: the object itself, its TorchScript
     box (c10d ops), or its name (functional collectives)."""
@@ -230,20 +232,32 @@ def group_size(args, position) -> int:
     return _process_group(args[position]).size()
 
 
+def group_rank(args, position) -> int:
+    """This process's rank in the process group a collective was called on (``position``:
+    its argument's index); 0 when the op names none."""
+    if position is None or position >= len(args):
+        return 0
+    return _process_group(args[position]).rank()
+
+
 def _script_key(v):
     """A stable stand-in for a TorchScript object argument (a new Python box every call): a
-    process group by its size (all a price depends on), anything else by its type."""
+    process group by its size and this process's rank in it (all a price depends on),
+    anything else by its type."""
     name = v._type().name()
     if name == "ProcessGroup":
-        return (name, _process_group(v).size())
+        group = _process_group(v)
+        return (name, group.size(), group.rank())
     return (name,)
 
 
 def _collective_signature(sig: list, resolved, args, out) -> list:
     """A collective's signature: its TorchScript arguments by ``_script_key`` and its group's
-    size (a group name outlives a group); the output (a ``Work`` among it) left out."""
+    size and this process's rank in it (a group name outlives a group); the output (a
+    ``Work`` among it) left out."""
     sig = [_script_key(x) if isinstance(x, torch.ScriptObject) else x for x in sig]
     sig.append(group_size(args, resolved.group_arg))
+    sig.append(group_rank(args, resolved.group_arg))
     return sig
 
 
@@ -417,6 +431,8 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             formula_kw["layouts"] = [p[3] for p in a]
         if resolved.with_group_size:
             formula_kw["group_size"] = group_size(args, resolved.group_arg)
+        if resolved.with_group_rank:
+            formula_kw["group_rank"] = group_rank(args, resolved.group_arg)
         call = ([p[1] for p in a], o[1], formula_kw)
     sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
     return sig, Signature(call, read, written, compute_dtype(args))
@@ -454,10 +470,11 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "with_group_size", "group_arg")
+                 "signed", "with_group_size", "group_arg", "with_group_rank")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
-                 out_in_signature, with_layouts=False, with_group_size=False):
+                 out_in_signature, with_layouts=False, with_group_size=False,
+                 with_group_rank=False):
         self.func = func
         # what runs the op: the overload's C++ entry when calling the overload would only
         # forward to it (``OpOverload.__call__`` is one Python frame around ``_op``)
@@ -479,6 +496,7 @@ class _Resolved:
         # the op is the user's and we cannot know: then it is part of the signature. A
         # collective takes this path too, to key its process group (``signed``)
         self.with_group_size = with_group_size  # the formula declares ``group_size``
+        self.with_group_rank = with_group_rank  # the formula declares ``group_rank``
         self.group_arg = next((i for i, a in enumerate(func._schema.arguments)
                                if a.name in ("process_group", "group_name")), None)
         communicates = category is Category.COMMUNICATION
@@ -606,7 +624,7 @@ class CountingMode(TorchDispatchMode):
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
         formula = entry.formula
-        with_dtypes = with_layouts = with_group_size = False
+        with_dtypes = with_layouts = with_group_size = with_group_rank = False
         if formula is not None:  # a formula, an estimate, or a no-arithmetic op's bytes
             kind = FORMULA
             parameters = inspect.signature(formula).parameters
@@ -615,6 +633,7 @@ class CountingMode(TorchDispatchMode):
             with_dtypes = "dtypes" in parameters
             with_layouts = "layouts" in parameters
             with_group_size = "group_size" in parameters
+            with_group_rank = "group_rank" in parameters
         elif entry.category is Category.NO_ARITHMETIC:
             kind = _MOVEMENT_KIND[entry.movement]
         else:
@@ -628,7 +647,7 @@ class CountingMode(TorchDispatchMode):
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
         resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
-                             out_in_signature, with_layouts, with_group_size)
+                             out_in_signature, with_layouts, with_group_size, with_group_rank)
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.EXACT, FORMULA
             resolved.decompose = partial(self._decomposed, func)

@@ -140,7 +140,8 @@ def unit_of(cost, bytes_read: int, bytes_written: int, where: str) -> tuple:
     values = {"flops": _count("flops", cost.flops, where),
               "macs": _count("macs", cost.macs, where),
               "bytes_read": bytes_read, "bytes_written": bytes_written,
-              "comm_bytes": _count("comm_bytes", cost.comm_bytes, where)}
+              "comm_bytes": _count("comm_bytes", cost.comm_bytes, where),
+              "comm_alg_bytes": _count("comm_alg_bytes", cost.comm_alg_bytes, where)}
     return tuple(values[name] for name in PRICED)
 
 

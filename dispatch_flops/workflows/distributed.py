@@ -81,7 +81,7 @@ def gather(run, dst: int = 0, group=None, *, timeout: float = 300.0) -> Optional
                 f"dispatch_flops.distributed.gather: rank(s) {missing} sent no profile within "
                 f"{timeout:g} s (did they raise inside their block, or not call gather?)"
             ) from None
-        texts = dict(zip(others, (store.get(key) for key in keys)))
+        texts: dict = dict(zip(others, (store.get(key) for key in keys)))
     finally:
         store.set(base + "current", f"{round_} closed")
         for key in keys:
