@@ -136,6 +136,7 @@ class FlopCounter(ProfileViews):
         try:
             tracker = ModuleTracker(self.model, mode, timer, ledger, guard, self._every_module)
             mode.bind(tracker)
+            mode.follow_local_tensors(self.model)
             tracker.attach()
         except BaseException:
             if ledger is not None:

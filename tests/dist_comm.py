@@ -130,3 +130,58 @@ def _collectives(rank: int, n: int) -> dict:
         dist.all_reduce(t)
     out["all_reduce"] = _comm(fc)
     return out
+
+
+# -- tensor parallel attention on local tensors ---------------------------------------------
+B, S, DIM, HEADS = 2, 8, 16, 4
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention written out: under tensor parallelism (q, k, v column-wise,
+    o row-wise, ``use_local_output``) the attention math runs on plain local tensors holding
+    the rank's heads (``-1``: as many as it has)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v, self.o = (nn.Linear(DIM, DIM) for _ in range(4))
+
+    def forward(self, x):
+        hd = DIM // HEADS
+        q, k, v = (f(x).view(B, S, -1, hd).transpose(1, 2) for f in (self.q, self.k, self.v))
+        weights = ((q @ k.transpose(-2, -1)) * hd ** -0.5).softmax(-1)
+        return self.o((weights @ v).transpose(1, 2).reshape(B, S, -1))
+
+
+def _attention(rank: int, n: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(1)  # the same input on every rank (tensor parallel replicates it)
+    x = torch.randn(B, S, DIM)
+    single = Attention()
+    with FlopCounter(single) as fc:
+        single(x).sum().backward()
+    p = fc.to_profile()
+    out = {"single": [p.total.flops, p.total.macs],
+           "single_forward": [p.by_phase()["forward"].flops, p.by_phase()["forward"].macs]}
+    mesh = init_device_mesh("cpu", (n,))
+    tp = Attention()
+    parallelize_module(tp, mesh, {"q": ColwiseParallel(), "k": ColwiseParallel(),
+                                  "v": ColwiseParallel(), "o": RowwiseParallel()})
+    with FlopCounter(tp) as fc:
+        tp(x).sum().backward()
+    p = fc.to_profile()
+    out["tp_logical"] = [p.logical.flops, p.logical.macs]
+    out["tp_flops"] = p.total.flops
+    with torch.no_grad(), FlopCounter(tp) as fc:  # forward only, to_local without autograd
+        tp(x)
+    out["tp_forward_logical"] = [fc.logical.flops, fc.logical.macs]
+    gathered = gather(fc, timeout=30)
+    if gathered is not None:
+        out["gathered_logical"] = [gathered.logical.flops, gathered.logical.macs]
+    return out

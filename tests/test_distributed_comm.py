@@ -11,7 +11,7 @@ import time
 import dist_comm
 import pytest
 import torch.multiprocessing as mp
-from dist_comm import ROW, rows_sent
+from dist_comm import DIM, HEADS, ROW, B, S, rows_sent
 
 ROW_BYTES = ROW * 4  # float32
 BLOCK = 4 * ROW_BYTES  # the [4, ROW] tensor of the rooted collectives
@@ -41,7 +41,7 @@ def _spawn(world_size: int, folder, parts: tuple) -> list[dict]:
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def world(request, tmp_path_factory):
     n = request.param
-    return n, _spawn(n, tmp_path_factory.mktemp(f"comm{n}"), ("collectives", "rounds"))
+    return n, _spawn(n, tmp_path_factory.mktemp(f"comm{n}"), ("collectives", "attention", "rounds"))
 
 
 @pytest.mark.slow
@@ -99,6 +99,25 @@ def test_rooted_collectives_by_each_ranks_role(world):
         assert c["scatter"]["c10d.scatter_"] == [1, (n - 1) * BLOCK if r == 0 else 0,
                                                  n * BLOCK]
         assert c["all_reduce"]["c10d.allreduce_"] == [1, BLOCK * 2 * (n - 1) // n, BLOCK]
+
+
+@pytest.mark.slow
+def test_logical_counts_attention_on_local_tensors(world):
+    """Tensor parallel attention with ``use_local_output``: the attention math runs on plain
+    local tensors holding n times fewer heads. ``logical`` (each rank's, and the gathered
+    one) equals the single process: forward by hand (four projections, two attention
+    products), forward and backward as a single process counts them; the ranks' executed
+    flops stay theirs."""
+    n, ranks = world
+    hd = DIM // HEADS
+    forward_macs = 4 * B * S * DIM * DIM + 2 * B * HEADS * S * S * hd
+    for seen in ranks:
+        a = seen["attention"]
+        assert a["single_forward"][1] == forward_macs
+        assert a["tp_forward_logical"] == a["single_forward"]
+        assert a["tp_logical"] == a["single"]
+        assert a["tp_flops"] < a["single"][0]  # what the rank executed: its share
+    assert ranks[0]["attention"]["gathered_logical"] == ranks[0]["attention"]["single_forward"]
 
 
 # -- without spawning: the formulas called as the engine calls them --------------------------

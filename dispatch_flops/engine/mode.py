@@ -7,9 +7,11 @@ OpOverload once, and leaves all aggregation to report time.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import ValuesView
 from functools import partial
 from types import FrameType
 from typing import Optional
@@ -24,6 +26,7 @@ from torch.utils._python_dispatch import (
     _pop_mode,
     _push_mode,
 )
+from torch.utils.weak import WeakIdKeyDictionary
 
 from dispatch_flops.engine.records import (
     CALLS,
@@ -566,8 +569,16 @@ class CountingMode(TorchDispatchMode):
         self._in_step: tuple[FrameType, ...] = ()
         self.tracker: Optional[ModuleTracker] = None  # see bind; None again once it closes
         # the DTensor-level ops this mode let DTensor unwrap (``_unwrapping``): their global
-        # (logical) figure, {key: [calls, Signature or None, resolution]}
+        # (logical) figure, and the plain-tensor ops run outside them, each at its shard
+        # factor: {key: [calls, Signature or None, resolution, shapes, factor]}
         self.logical: dict = {}
+        # what tells a DTensor's own local work from the plain-tensor ops around it (see
+        # ``_local``): the (caller frame, instruction, autograd node) of the last DTensor-level
+        # call, its global output's elements, and the shard factor of the tensors made so far
+        self._dtensor_call: tuple = ()
+        self._dtensor_numel = 0
+        self._caller: Optional[FrameType] = None
+        self._shards = WeakIdKeyDictionary()
 
     def bind(self, tracker: ModuleTracker) -> None:
         """Take backward frames from ``tracker``, which also keeps ``forward_acc`` current."""
@@ -728,19 +739,83 @@ class CountingMode(TorchDispatchMode):
     def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
         if torch._C._get_dispatch_mode(_FAKE) is not None:
             return func(*args, **kwargs) if kwargs else func(*args)
-        return type(self).__torch_dispatch__(self, func, types, args, kwargs)
+        return self._followed(func, types, args, kwargs, sys._getframe(1))
 
-    def _logical(self, func, args, kwargs) -> None:
-        """Count a DTensor-level call at its global shapes: worked out once per distinct
-        shapes, on meta tensors, and priced when read (``logical_ops``)."""
+    def _followed(self, func, types, args, kwargs, caller):
+        """Count the call (``caller``: the frame that made it), then follow it into the
+        logical figure (``_local``)."""
+        self._caller = caller
+        out = type(self).__torch_dispatch__(self, func, types, args, kwargs)
+        if out is not NotImplemented:
+            self._local(func, args, kwargs, out, caller)
+        return out
+
+    def follow_local_tensors(self, model) -> None:
+        """Follow plain-tensor ops into the logical figure from the first op on, when
+        ``model`` holds DTensor parameters (tensor parallelism, FSDP2): otherwise from the
+        first DTensor met (``_run_sharding_propagation_uncounted``)."""
+        tensor = sys.modules.get("torch.distributed.tensor")
+        if tensor is not None and model is not None and any(
+                isinstance(p, tensor.DTensor) for p in model.parameters()):
+            self._run_sharding_propagation_uncounted()
+
+    def _local(self, func, args, kwargs, out, caller) -> None:
+        """A plain-tensor op, once a DTensor was met. Run by DTensor as its own local work
+        (from the call site and autograd node of the DTensor-level call it serves, or from
+        DTensor's Python code): its outputs take the shard factor of that call's output
+        (global elements / local ones), and the logical figure has the call already.
+        Otherwise it is the user's (attention on the local heads tensor parallelism's
+        ``use_local_output`` hands over, a loss): counted in the logical figure at its
+        inputs' largest shard factor (one for a replica), which its outputs take. A
+        collective keeps the global elements (an all-gather's output is whole)."""
+        shards = self._shards
+        resolved = self.resolved.get(id(func)) or self._resolve(func)
+        inputs = _tensors(args) + (_tensors(kwargs.values()) if kwargs else [])
+        factor = 1
+        if shards:
+            for t in inputs:
+                factor = max(factor, shards.get(t, 1))
+        if resolved.category is Category.COMMUNICATION:
+            if inputs:
+                factor = factor * inputs[0].numel()
+            for t in _tensors(out):
+                if t.numel() and factor / t.numel() > 1:
+                    shards[t] = factor / t.numel()
+                elif t in shards:
+                    del shards[t]
+            return
+        frame, kind = _origin(caller)
+        if kind is _DTENSOR or frame is not None and \
+                (frame, frame.f_lasti, _current_node()) == self._dtensor_call:
+            whole = self._dtensor_numel
+            inherited = shards.get(args[0]) if resolved.view and args and \
+                isinstance(args[0], Tensor) else None
+            for t in _tensors(out):
+                local = inherited or (whole / t.numel() if whole and t.numel() else 1)
+                if local > 1:
+                    shards[t] = local
+                elif t in shards:
+                    del shards[t]
+            return
+        self._logical(func, args, kwargs, factor)
+        if factor > 1:
+            for t in _tensors(out):
+                shards[t] = factor
+
+    def _logical(self, func, args, kwargs, factor=None) -> None:
+        """Count a DTensor-level call at its global shapes (``factor`` None), or a
+        plain-tensor op at its shapes times ``factor``: worked out once per distinct shapes,
+        on meta tensors, and priced when read (``logical_ops``)."""
         from torch.utils._pytree import tree_leaves, tree_map_only
         kwargs = kwargs or {}
-        key = (id(func),) + tuple((tuple(t.shape), t.dtype) for t in tree_leaves((args, kwargs))
-                                  if isinstance(t, Tensor))
+        key = (id(func), factor) + tuple(
+            (tuple(t.shape), t.dtype) for t in tree_leaves((args, kwargs))
+            if isinstance(t, Tensor))
         rec = self.logical.get(key)
         if rec is None:
             resolved = self.resolved.get(id(func)) or self._resolve(func)
             signature = None
+            numel = 0
             try:
                 with _disable_current_modes():  # not the user's ops: no mode below sees them
                     meta_args, meta_kwargs = tree_map_only(
@@ -748,17 +823,29 @@ class CountingMode(TorchDispatchMode):
                         (args, kwargs))
                     out = func(*meta_args, **meta_kwargs)
                 signature = _work_out(resolved, meta_args, meta_kwargs, out)
+                outputs = _tensors(out)
+                numel = outputs[0].numel() if outputs else 0
             except Exception:  # an op meta tensors cannot run: its calls are still listed
                 pass
-            rec = self.logical[key] = [0, signature, resolved, key[1:]]
+            rec = self.logical[key] = [0, signature, resolved, key[2:], factor, numel]
         rec[0] += 1
+        if factor is None:  # the local work DTensor runs next is this call's
+            caller = self._caller if "__torch_dispatch__" in self.__dict__ else None
+            frame, kind = _origin(caller if caller is not None else sys._getframe(2))
+            # a DTensor-level call DTensor's own code makes (redistributing a bias) is part
+            # of the user's call around it, whose local op comes last
+            if frame is not None and kind is None:
+                self._dtensor_call = (frame, frame.f_lasti, _current_node())
+                self._dtensor_numel = rec[5]
 
     def logical_ops(self) -> tuple:
-        """``((overload, global shapes, calls, flops, macs), ...)`` of the DTensor-level
-        calls (flops and MACs 0 where they could not be priced)."""
+        """``((overload, shapes, calls, flops, macs), ...)`` of the DTensor-level calls (at
+        their global shapes) and of the plain-tensor ops run outside them (at their shapes,
+        flops and MACs times their shard factor); flops and MACs 0 where they could not be
+        priced."""
         flops_i, macs_i = PRICED.index("flops"), PRICED.index("macs")
-        out = []
-        for calls, signature, resolved, shapes in self.logical.values():
+        out: dict = {}
+        for calls, signature, resolved, shapes, factor, _ in self.logical.values():
             flops = macs = 0
             if signature is not None:
                 try:
@@ -766,9 +853,12 @@ class CountingMode(TorchDispatchMode):
                     flops, macs = unit[flops_i] * calls, unit[macs_i] * calls
                 except PricingError:
                     pass
-            out.append((str(resolved.func), tuple(shape for shape, _ in shapes), calls, flops,
-                        macs))
-        return tuple(out)
+            if factor is not None and factor != 1:
+                flops, macs = round(flops * factor), round(macs * factor)
+            key = (str(resolved.func), tuple(shape for shape, _ in shapes))
+            total = out.get(key, (0, 0, 0))
+            out[key] = (total[0] + calls, total[1] + flops, total[2] + macs)
+        return tuple(k + v for k, v in out.items())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
@@ -888,6 +978,41 @@ class CountingMode(TorchDispatchMode):
         return out
 
 
+def _tensors(values) -> list:
+    """The tensors among ``values``: a tensor, or a list, tuple or dict view of them (one
+    level deep); none in anything else."""
+    if isinstance(values, Tensor):
+        return [values]
+    if isinstance(values, (list, tuple, ValuesView)):
+        return [v for v in values if isinstance(v, Tensor)]
+    return []
+# Where an op comes from: the first frame up the stack that is not one the call passes through
+# (``OpOverload.__call__``; the functional collectives, an AsyncCollectiveTensor's dispatch),
+# and whether it is DTensor's own code (to_local, redistribute, its Python dispatch path)
+_DTENSOR, _PASSING = "dtensor", "passing"
+_PLACES = ((os.path.join("torch", "distributed", "tensor", ""), _DTENSOR),
+           (os.path.join("torch", "distributed", "_functional_collectives"), _PASSING),
+           (os.path.join("torch", "_ops.py"), _PASSING))
+_CODE_KINDS: dict = {}  # code object -> _DTENSOR, _PASSING or None (the user's)
+
+
+def _origin(frame) -> tuple:
+    """``(frame, kind)`` an op called from ``frame`` comes from (see ``_PLACES``);
+    ``(None, None)`` past the stack's top."""
+    while frame is not None:
+        code = frame.f_code
+        kind = _CODE_KINDS.get(code, 0)
+        if kind == 0:
+            if len(_CODE_KINDS) > 4096:
+                _CODE_KINDS.clear()
+            kind = _CODE_KINDS[code] = next(
+                (k for place, k in _PLACES if place in code.co_filename), None)
+        if kind is not _PASSING:
+            return frame, kind
+        frame = frame.f_back
+    return None, None
+
+
 def _decomposable(func, entry) -> bool:
     """Whether ``func`` is a composite (CompositeImplicitAutograd: it reaches the mode whole
     only under inference_mode) priced by counting its decomposition: one with a built-in
@@ -917,6 +1042,14 @@ class GuardedCountingMode(CountingMode):
         if not tracker.sees(sys._getframe()):
             return func(*args, **kwargs) if kwargs else func(*args)
         return CountingMode.__torch_dispatch__(self, func, types, args, kwargs)
+
+    def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
+        tracker = self.tracker
+        assert tracker is not None  # a mode counts only while bound to its tracker
+        if torch._C._get_dispatch_mode(_FAKE) is not None or \
+                not tracker.sees(sys._getframe()):
+            return func(*args, **kwargs) if kwargs else func(*args)
+        return self._followed(func, types, args, kwargs, sys._getframe(1))
 
 
 def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None:
