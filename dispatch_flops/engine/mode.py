@@ -562,6 +562,7 @@ class CountingMode(TorchDispatchMode):
         cache = engine_cache(registry)
         self.resolved = cache.resolutions.setdefault(causal_unmasked_only, {})
         self._shared = cache.signatures.setdefault(causal_unmasked_only, OrderedDict())
+        self._shared_logical = cache.logical.setdefault(causal_unmasked_only, OrderedDict())
         self.forward_acc: dict = {}
         self.recomputing = False
         self.stepping = False  # the tracker's innermost optimizer step counts (see _recheck)
@@ -804,30 +805,42 @@ class CountingMode(TorchDispatchMode):
 
     def _logical(self, func, args, kwargs, factor=None) -> None:
         """Count a DTensor-level call at its global shapes (``factor`` None), or a
-        plain-tensor op at its shapes times ``factor``: worked out once per distinct shapes,
-        on meta tensors, and priced when read (``logical_ops``)."""
-        from torch.utils._pytree import tree_leaves, tree_map_only
+        plain-tensor op at its shapes times ``factor``: worked out once per distinct call
+        (shapes, dtypes and other arguments) in the process, on meta tensors, and priced when
+        read (``logical_ops``)."""
+        from torch.utils._pytree import tree_map_only
         kwargs = kwargs or {}
-        key = (id(func), factor) + tuple(
-            (tuple(t.shape), t.dtype) for t in tree_leaves((args, kwargs))
-            if isinstance(t, Tensor))
+        call = (id(func), _logical_key(args), _logical_key(kwargs.items()) if kwargs else ())
+        key = (factor,) + call
         rec = self.logical.get(key)
         if rec is None:
             resolved = self.resolved.get(id(func)) or self._resolve(func)
-            signature = None
-            numel = 0
-            try:
-                with _disable_current_modes():  # not the user's ops: no mode below sees them
-                    meta_args, meta_kwargs = tree_map_only(
-                        Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
-                        (args, kwargs))
-                    out = func(*meta_args, **meta_kwargs)
-                signature = _work_out(resolved, meta_args, meta_kwargs, out)
-                outputs = _tensors(out)
-                numel = outputs[0].numel() if outputs else 0
-            except Exception:  # an op meta tensors cannot run: its calls are still listed
-                pass
-            rec = self.logical[key] = [0, signature, resolved, key[2:], factor, numel]
+            shared = self._shared_logical
+            worked = shared.get(call)  # every counter's: worked out once per process
+            if worked is None:
+                signature = None
+                numel = 0
+                try:
+                    with _disable_current_modes():  # not the user's: no mode below sees them
+                        meta_args, meta_kwargs = tree_map_only(
+                            Tensor,
+                            lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                            (args, kwargs))
+                        out = func(*meta_args, **meta_kwargs)
+                    signature = _work_out(resolved, meta_args, meta_kwargs, out)
+                    outputs = _tensors(out)
+                    numel = outputs[0].numel() if outputs else 0
+                except Exception:  # an op meta tensors cannot run: its calls are still listed
+                    pass
+                worked = shared[call] = (signature, numel)
+                if len(shared) > SIGNATURES_KEPT:
+                    try:
+                        shared.popitem(last=False)
+                    except KeyError:  # another thread's counter emptied it meanwhile
+                        pass
+            shapes = tuple(t.shape for t in _tensors(args) + (
+                _tensors(kwargs.values()) if kwargs else []))
+            rec = self.logical[key] = [0, worked[0], resolved, shapes, factor, worked[1]]
         rec[0] += 1
         if factor is None:  # the local work DTensor runs next is this call's
             caller = self._caller if "__torch_dispatch__" in self.__dict__ else None
@@ -855,7 +868,7 @@ class CountingMode(TorchDispatchMode):
                     pass
             if factor is not None and factor != 1:
                 flops, macs = round(flops * factor), round(macs * factor)
-            key = (str(resolved.func), tuple(shape for shape, _ in shapes))
+            key = (str(resolved.func), tuple(tuple(shape) for shape in shapes))
             total = out.get(key, (0, 0, 0))
             out[key] = (total[0] + calls, total[1] + flops, total[2] + macs)
         return tuple(k + v for k, v in out.items())
@@ -976,6 +989,24 @@ class CountingMode(TorchDispatchMode):
         else:  # the runner counts the call and its time (NS), under a lock where it needs one
             runner.add(rec, 1, elapsed)
         return out
+
+
+def _logical_key(values) -> tuple:
+    """A hashable stand-in for a call's arguments (``values``): tensors by shape and dtype,
+    lists and tuples (and kwargs' pairs) item by item, anything unhashable by its type."""
+    out = []
+    for v in values:
+        if isinstance(v, Tensor):
+            out.append((tuple(v.shape), v.dtype))
+        elif v.__class__ is list or v.__class__ is tuple:
+            out.append(_logical_key(v))
+        else:
+            try:
+                hash(v)
+            except TypeError:
+                v = type(v)
+            out.append(v)
+    return tuple(out)
 
 
 def _tensors(values) -> list:
