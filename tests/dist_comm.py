@@ -100,6 +100,7 @@ def _collectives(rank: int, n: int) -> dict:
             y = funcol.wait_tensor(y)
             assert y.shape[0] == sum(received)
     out["functional_uneven"] = _comm(fc)
+    out["table_header"] = fc.table(width=1000).splitlines()[0]
     with FlopCounter() as fc:
         for call in (0, 1):
             sent, received = split(call)
@@ -111,6 +112,10 @@ def _collectives(rank: int, n: int) -> dict:
         x = torch.randn(4 * n, ROW)
         dist.all_to_all_single(torch.empty_like(x), x)
     out["c10d_even"] = _comm(fc)
+    with FlopCounter() as fc:  # lists: one [3, ROW] tensor per rank (gloo: same sizes)
+        dist.all_to_all([torch.empty(3, ROW) for _ in range(n)],
+                        [torch.randn(3, ROW) for _ in range(n)])
+    out["c10d_lists"] = _comm(fc)
     # rooted collectives: root 1 for broadcast and reduce (so the chain's last rank is 0),
     # root 0 for gather and scatter
     t = torch.randn(4, ROW)

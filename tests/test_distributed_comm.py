@@ -68,7 +68,8 @@ def test_a_skipped_round_fails_alone_and_names_the_missing_rank(world):
 @pytest.mark.slow
 def test_uneven_all_to_all_is_priced_from_the_splits(world):
     """Each rank's comm bytes are the rows it sends to the others (its own chunk stays), its
-    algorithm bytes every row it sends; functional and c10d alike, two calls each."""
+    algorithm bytes every row it sends; functional and c10d alike, two calls each. Even
+    splits, and c10d's lists (gloo: one size), keep (n - 1)/n; the table shows both."""
     n, ranks = world
     for r, seen in enumerate(ranks):
         leaves = sum(rows_sent(call, r, d) for call in (0, 1) for d in range(n) if d != r)
@@ -79,6 +80,9 @@ def test_uneven_all_to_all_is_priced_from_the_splits(world):
         assert seen["collectives"]["c10d_uneven"]["c10d.alltoall_base_"] == expected
         if n == 2 and r == 0:  # [5, 2] then [5, 3] rows: (n - 1)/n of them said 480 B
             assert expected[1:] == [5 * ROW_BYTES, 15 * ROW_BYTES]
+        assert seen["collectives"]["c10d_lists"]["c10d.alltoall_"] == [
+            1, (n - 1) * 3 * ROW_BYTES, n * 3 * ROW_BYTES]
+        assert "Comm S" in seen["collectives"]["table_header"]
         size = 4 * n * ROW_BYTES  # even: (n - 1)/n of the buffer, as before
         assert seen["collectives"]["c10d_even"]["c10d.alltoall_base_"] == [
             1, size * (n - 1) // n, size]
