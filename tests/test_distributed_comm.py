@@ -144,6 +144,14 @@ def test_all_to_all_formulas_take_the_ranks_own_chunk():
                                    dtypes=[f32, None, None, None], group_size=3,
                                    group_rank=rank)
         assert (cost.comm_bytes, cost.comm_alg_bytes) == (leaves * ROW_BYTES, 8 * ROW_BYTES)
+    # the case: rank 0 of 2 sends [5, 1] then [5, 2] rows of 64 B: 192 B leave it
+    # ((n - 1)/n of the buffers said 416 B)
+    two = [c.all_to_all_single(torch.Size([sum(split), ROW]), [], split, "0",
+                               out_shape=torch.Size([sum(split), ROW]),
+                               dtypes=[f32, None, None, None], group_size=2, group_rank=0)
+           for split in ([5, 1], [5, 2])]
+    assert sum(x.comm_bytes for x in two) == 192
+    assert sum(x.comm_alg_bytes for x in two) == 13 * ROW_BYTES
     even = c.alltoall_base(shape, shape, ("ProcessGroup", 4, 2), [], [], out_shape=None,
                            dtypes=[f32, f32, None, None, None], group_size=4, group_rank=2)
     assert (even.comm_bytes, even.comm_alg_bytes) == (6 * ROW_BYTES, 8 * ROW_BYTES)
