@@ -740,7 +740,9 @@ class CountingMode(TorchDispatchMode):
     def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
         if torch._C._get_dispatch_mode(_FAKE) is not None:
             return func(*args, **kwargs) if kwargs else func(*args)
-        return self._followed(func, types, args, kwargs, sys._getframe(1))
+        # the caller's frame; None when no Python frame made the call (an autograd device
+        # thread running backward)
+        return self._followed(func, types, args, kwargs, sys._getframe().f_back)
 
     def _followed(self, func, types, args, kwargs, caller):
         """Count the call (``caller``: the frame that made it), then follow it into the
@@ -786,8 +788,7 @@ class CountingMode(TorchDispatchMode):
                     del shards[t]
             return
         frame, kind = _origin(caller)
-        if kind is _DTENSOR or frame is not None and \
-                (frame, frame.f_lasti, _current_node()) == self._dtensor_call:
+        if kind is _DTENSOR or _call_site(frame) == self._dtensor_call:
             whole = self._dtensor_numel
             inherited = shards.get(args[0]) if resolved.view and args and \
                 isinstance(args[0], Tensor) else None
@@ -843,12 +844,13 @@ class CountingMode(TorchDispatchMode):
             rec = self.logical[key] = [0, worked[0], resolved, shapes, factor, worked[1]]
         rec[0] += 1
         if factor is None:  # the local work DTensor runs next is this call's
-            caller = self._caller if "__torch_dispatch__" in self.__dict__ else None
-            frame, kind = _origin(caller if caller is not None else sys._getframe(2))
+            caller = self._caller if "__torch_dispatch__" in self.__dict__ \
+                else sys._getframe().f_back.f_back  # type: ignore[union-attr]
+            frame, kind = _origin(caller)
             # a DTensor-level call DTensor's own code makes (redistributing a bias) is part
             # of the user's call around it, whose local op comes last
-            if frame is not None and kind is None:
-                self._dtensor_call = (frame, frame.f_lasti, _current_node())
+            if kind is None:
+                self._dtensor_call = _call_site(frame)
                 self._dtensor_numel = rec[5]
 
     def logical_ops(self) -> tuple:
@@ -1027,6 +1029,14 @@ _PLACES = ((os.path.join("torch", "distributed", "tensor", ""), _DTENSOR),
 _CODE_KINDS: dict = {}  # code object -> _DTENSOR, _PASSING or None (the user's)
 
 
+def _call_site(frame) -> tuple:
+    """Where a call is made: the frame and instruction (none on a thread without Python
+    frames), and the autograd node running (backward)."""
+    if frame is None:
+        return (None, -1, _current_node())
+    return (frame, frame.f_lasti, _current_node())
+
+
 def _origin(frame) -> tuple:
     """``(frame, kind)`` an op called from ``frame`` comes from (see ``_PLACES``);
     ``(None, None)`` past the stack's top."""
@@ -1080,7 +1090,9 @@ class GuardedCountingMode(CountingMode):
         if torch._C._get_dispatch_mode(_FAKE) is not None or \
                 not tracker.sees(sys._getframe()):
             return func(*args, **kwargs) if kwargs else func(*args)
-        return self._followed(func, types, args, kwargs, sys._getframe(1))
+        # the caller's frame; None when no Python frame made the call (an autograd device
+        # thread running backward)
+        return self._followed(func, types, args, kwargs, sys._getframe().f_back)
 
 
 def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None:
