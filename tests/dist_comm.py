@@ -190,3 +190,30 @@ def _attention(rank: int, n: int) -> dict:
     if gathered is not None:
         out["gathered_logical"] = [gathered.logical.flops, gathered.logical.macs]
     return out
+
+
+def _fsdp(rank: int, n: int) -> dict:
+    """FSDP2 on the attention block, with an SGD step: each rank its own batch; the logical
+    figure is one replica's unsharded program (the step on whole parameters), what a single
+    process counts on that batch."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(100 + rank)
+    x = torch.randn(B, S, DIM)
+    single = Attention()
+    step = torch.optim.SGD(single.parameters(), lr=0.1, momentum=0.9)
+    with FlopCounter(single) as fc:
+        single(x).sum().backward()
+        step.step()
+    out = {"single": [fc.total.flops, fc.total.macs]}
+    sharded = Attention()
+    for layer in (sharded.q, sharded.k, sharded.v, sharded.o):
+        fully_shard(layer)
+    fully_shard(sharded)
+    step = torch.optim.SGD(sharded.parameters(), lr=0.1, momentum=0.9)
+    with FlopCounter(sharded) as fc:
+        sharded(x).sum().backward()
+        step.step()
+    out["logical"] = [fc.logical.flops, fc.logical.macs]
+    out["executed"] = [fc.total.flops, fc.total.macs]
+    return out

@@ -41,7 +41,8 @@ def _spawn(world_size: int, folder, parts: tuple) -> list[dict]:
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def world(request, tmp_path_factory):
     n = request.param
-    return n, _spawn(n, tmp_path_factory.mktemp(f"comm{n}"), ("collectives", "attention", "rounds"))
+    parts = ("collectives", "attention", "fsdp", "rounds")
+    return n, _spawn(n, tmp_path_factory.mktemp(f"comm{n}"), parts)
 
 
 @pytest.mark.slow
@@ -122,6 +123,21 @@ def test_logical_counts_attention_on_local_tensors(world):
         assert a["tp_logical"] == a["single"]
         assert a["tp_flops"] < a["single"][0]  # what the rank executed: its share
     assert ranks[0]["attention"]["gathered_logical"] == ranks[0]["attention"]["single_forward"]
+
+
+@pytest.mark.slow
+def test_logical_under_fsdp2_is_one_replicas_program(world):
+    """FSDP2 (each layer a unit) and an SGD step with momentum: compute runs on gathered
+    plain parameters, the step on DTensor shards. ``logical`` equals a single process on the
+    rank's batch, step included; what the rank executed has its shard's step only."""
+    n, ranks = world
+    params = 4 * (DIM * DIM + DIM)  # every dim divides by n: no padding
+    for seen in ranks:
+        f = seen["fsdp"]
+        assert f["logical"] == f["single"]
+        # a first SGD step with momentum: the buffer is the gradient's copy, then a scaled
+        # add into the parameter (2 flops per element); the rank steps 1/n of the elements
+        assert f["single"][0] - f["executed"][0] == 2 * params * (n - 1) // n
 
 
 # -- without spawning: the formulas called as the engine calls them --------------------------
