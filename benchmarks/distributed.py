@@ -1,11 +1,14 @@
-"""Per-rank and gathered tables of a tensor-parallel and an FSDP2 MLP on 2 gloo ranks (CPU).
+"""Per-rank and gathered tables of a tensor-parallel and an FSDP2 MLP on 2 gloo ranks (CPU),
+and an MoE layer's expert dispatch and combine (uneven all-to-all).
 
     python benchmarks/distributed.py [--ranks 2] [--case pipeline]
 
 Each rank counts its own run; rank 0 prints its table, then the gathered one
-(``dispatch_flops.distributed.gather``) with min / max over ranks. ``--case pipeline``: one
-pipeline stage per rank (GPipe, then 1F1B), per-stage compute, activation and gradient bytes,
-busy and idle time, and the stages gathered side by side.
+(``dispatch_flops.distributed.gather``) with min / max over ranks. The MoE case prints each
+rank's compute and both communication figures: comm bytes (what leaves the rank; NCCL-tests'
+bus bytes) and algorithm bytes (the buffers, S; NCCL-tests' algbw, torch.profiler's sizes).
+``--case pipeline``: one pipeline stage per rank (GPipe, then 1F1B), per-stage compute,
+activation and gradient bytes, busy and idle time, and the stages gathered side by side.
 """
 
 import argparse
@@ -64,6 +67,7 @@ def rank_main(rank: int, world_size: int, port: int) -> None:
         with FlopCounter(sharded) as fc:
             sharded(x).sum().backward()
         show("FSDP2 (fully_shard per Linear)", fc, rank)
+        moe_all_to_all(rank, world_size)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -121,6 +125,61 @@ def pipeline_main(rank: int, world_size: int, port: int) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+class ExpertParallelMoE(nn.Module):
+    """Top-1 MoE with one expert per rank: tokens go to their expert's rank and back through
+    uneven all-to-alls (split sizes from the router; the counts exchanged first)."""
+
+    def __init__(self, d: int, n: int):
+        super().__init__()
+        self.router = nn.Linear(d, n, bias=False)
+        self.expert = nn.Linear(d, 4 * d)  # this rank's expert (its own weights)
+        self.out = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        import torch.distributed._functional_collectives as funcol
+
+        group = dist.group.WORLD
+        choice = self.router(x).argmax(-1)
+        order = choice.argsort()
+        sent = torch.bincount(choice, minlength=self.router.out_features)
+        received = funcol.wait_tensor(funcol.all_to_all_single(sent, None, None, group))
+        sent_sizes, received_sizes = sent.tolist(), received.tolist()
+        tokens = funcol.wait_tensor(funcol.all_to_all_single(
+            x[order], received_sizes, sent_sizes, group))
+        y = self.out(torch.relu(self.expert(tokens)))
+        back = funcol.wait_tensor(funcol.all_to_all_single(y, sent_sizes, received_sizes,
+                                                           group))
+        return torch.empty_like(back).index_copy_(0, order, back)
+
+
+def moe_all_to_all(rank: int, world_size: int, tokens: int = 256, d: int = 128) -> None:
+    """An MoE layer's dispatch and combine: per rank, its compute and both byte figures of
+    the all-to-alls; gathered, their imbalance over ranks."""
+    torch.manual_seed(0)
+    moe = ExpertParallelMoE(d, world_size)
+    with torch.no_grad():  # a hot expert: the router favours expert 0
+        moe.router.weight.add_(torch.eye(world_size, d))
+    x = torch.randn(tokens, d, generator=torch.Generator().manual_seed(10 + rank))
+    x[:, 0] += 1.0
+    with torch.no_grad(), FlopCounter(moe) as fc:
+        moe(x)
+    run = gather(fc)
+    if run is None:
+        return
+    print(f"\n== MoE expert dispatch and combine (top-1, {world_size} experts, uneven "
+          "all-to-all) ==")
+    print(f"{'rank':>4} {'tokens in':>9} {'FLOPs':>12} {'comm bytes':>11} {'alg bytes':>11}")
+    for p in run.ranks:
+        ins = p.by_module()["expert"].macs // (4 * d * d)  # rows through the expert
+        print(f"{p.run.rank:>4} {ins:>9} {p.total.flops:>12,} {p.total.comm_bytes:>11,} "
+              f"{p.total.comm_alg_bytes:>11,}")
+    low, mean, high = run.imbalance()[""]["flops"]
+    print(f"FLOPs over ranks: min {low:,.0f}, mean {mean:,.0f}, max {high:,.0f} "
+          f"(max / mean {high / mean:.2f})")
+    low, mean, high = run.imbalance()[""]["comm_bytes"]
+    print(f"comm bytes over ranks: min {low:,.0f}, mean {mean:,.0f}, max {high:,.0f}")
 
 
 def main() -> None:

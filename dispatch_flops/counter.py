@@ -139,6 +139,7 @@ class FlopCounter(ProfileViews):
         try:
             tracker = ModuleTracker(self.model, mode, timer, ledger, guard, self._every_module)
             mode.bind(tracker)
+            mode.follow_local_tensors(self.model)
             tracker.attach()
             # MoE layers' expert load (hooks on recognised expert modules only)
             self._experts = _experts.watch(tracker.module_names(), tracker.modules()) \

@@ -47,9 +47,11 @@ it stays in its category and its formula returns 0 flops.
 
 Communication. A collective or point-to-point op (``c10d``, ``_c10d_functional``) is
 registered with ``Registry.collective``; its formula returns a ``Cost`` with ``comm_bytes``,
-what this rank puts on the wire (the ring convention in docs/conventions.md), and 0 flops. A
-formula that names the keyword ``group_size`` is given the size of the process group the call
-was made on.
+what this rank puts on the wire (the ring convention in docs/conventions.md), its
+``comm_alg_bytes``, the collective's size as NCCL-tests' algorithm bandwidth reads it, and 0
+flops. A formula that names the keyword ``group_size`` is given the size of the process group
+the call was made on, one that names ``group_rank`` this process's rank in that group (what
+an uneven all-to-all or a rooted collective sends depends on it).
 
 An op falls in exactly one of five categories, kept apart everywhere:
 
@@ -95,6 +97,8 @@ class Cost(NamedTuple):
     bytes_read: Optional[int] = None
     bytes_written: Optional[int] = None
     comm_bytes: int = 0  # bytes this rank puts on the wire (collectives only)
+    # the collective's size S (NCCL-tests' algbw = S / time; collectives only)
+    comm_alg_bytes: int = 0
 
 
 ZERO_COST = Cost(0, 0)
@@ -319,8 +323,8 @@ class Registry:
 
     def collective(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
         """Decorator: price the communication ``ops`` with a formula whose ``Cost`` gives
-        ``comm_bytes`` (and 0 flops); it may name ``group_size`` (see the module's
-        docstring)."""
+        ``comm_bytes`` and ``comm_alg_bytes`` (and 0 flops); it may name ``group_size`` and
+        ``group_rank`` (see the module's docstring)."""
         ops = self._normalise(ops)
 
         def decorate(fn: Formula) -> Formula:

@@ -1,17 +1,30 @@
 """Communication: c10d and functional collectives, point-to-point ops, and FSDP2's copy-in/out.
 
-Every collective costs 0 flops. ``comm_bytes`` is what this rank puts on the wire under the
-ring algorithm, with the NCCL-tests convention (docs/conventions.md): ``S`` is the full
-buffer and ``n`` the size of the process group the call was made on (the engine passes it as
-``group_size``)
+Every collective costs 0 flops and has two byte figures (docs/conventions.md). ``S`` is the
+collective's size as NCCL-tests defines it, ``n`` the size of the process group the call was
+made on (the engine passes it as ``group_size``) and ``r`` this rank in it (``group_rank``):
 
-    all_reduce                                      S * 2(n - 1) / n   S: the tensor
-    all_gather, reduce_scatter, all_to_all,
-    gather, scatter                                 S * (n - 1) / n    S: gathered output /
-                                                                          unscattered input /
-                                                                          everything sent
-    broadcast, reduce, send                         S
-    recv, barrier, wait_tensor                      0
+* ``comm_alg_bytes`` is ``S``: NCCL-tests' algbw is ``S / time``; torch.profiler shows the
+  buffers ``S`` is made of;
+* ``comm_bytes`` is what this rank puts on the wire. For the symmetric collectives it is the
+  bus convention, ``S`` times NCCL-tests' bus factor (``comm_bytes / time`` is its busbw);
+  for uneven all-to-alls and rooted collectives, what this rank really sends, by its role
+  (NCCL's ring and chain algorithms, ranks in group order):
+
+    collective              S                                   comm_bytes of rank r
+    all_reduce              the tensor                          S * 2(n - 1) / n
+    all_gather              the gathered output                 S * (n - 1) / n
+    reduce_scatter          the unscattered input               S * (n - 1) / n
+    all_to_all              everything r sends, own chunk too   S minus r's own chunk
+                                                                (S * (n - 1) / n when even)
+    broadcast               the tensor                          S, but 0 on the chain's last
+                                                                rank (root - 1) mod n
+    reduce                  the tensor                          S, but 0 on the root
+    gather                  the gathered whole (n chunks)       r's chunk, 0 on the root
+    scatter                 the scattered whole (n chunks)      S * (n - 1) / n on the root,
+                                                                0 elsewhere
+    send, recv              the message                         send S, recv 0
+    barrier, wait_tensor    0                                   0
 
 rounded down to whole bytes. ``bytes_read`` / ``bytes_written`` are the local memory the call
 touches: what it sends is read, what it receives is written (an in-place all-reduce reads and
@@ -76,8 +89,9 @@ def gather_bytes(size: int, n: int) -> int:
     return size * (n - 1) // n
 
 
-def _cost(comm: int, read: int, written: int) -> Cost:
-    return Cost(0, 0, bytes_read=read, bytes_written=written, comm_bytes=comm)
+def _cost(comm: int, read: int, written: int, alg: int) -> Cost:
+    return Cost(0, 0, bytes_read=read, bytes_written=written, comm_bytes=comm,
+                comm_alg_bytes=alg)
 
 
 # -- all-reduce -----------------------------------------------------------------------------
@@ -87,14 +101,14 @@ def _cost(comm: int, read: int, written: int) -> Cost:
 def all_reduce(tensors, *rest, out_shape, dtypes, group_size):
     # tensors: the buffer (or list of buffers) reduced in place or into a new one
     size = _nbytes(tensors, dtypes[0])
-    return _cost(all_reduce_bytes(size, group_size), size, size)
+    return _cost(all_reduce_bytes(size, group_size), size, size, size)
 
 
 # -- all-gather -----------------------------------------------------------------------------
 @REGISTRY.collective(c10d._allgather_base_)
 def allgather_base(output, input, *rest, out_shape, dtypes, group_size):
     size = _nbytes(output, dtypes[0])  # output: [n * rows, ...], the gathered buffer
-    return _cost(gather_bytes(size, group_size), _nbytes(input, dtypes[1]), size)
+    return _cost(gather_bytes(size, group_size), _nbytes(input, dtypes[1]), size, size)
 
 
 @REGISTRY.collective([c10d.allgather_, c10d.allgather_coalesced_,
@@ -104,7 +118,7 @@ def allgather_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
     # input (into_tensor_coalesced); the gathered tensors have the inputs' dtypes
     dtype = _first(dtypes[1])
     size = _nbytes(outputs, dtype)
-    return _cost(gather_bytes(size, group_size), _nbytes(inputs, dtypes[1]), size)
+    return _cost(gather_bytes(size, group_size), _nbytes(inputs, dtypes[1]), size, size)
 
 
 @REGISTRY.collective([functional.all_gather_into_tensor, functional.all_gather_into_tensor_out,
@@ -113,21 +127,21 @@ def allgather_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
 def all_gather_into_tensor(input, *rest, out_shape, dtypes, group_size):
     sent = _nbytes(input, dtypes[0])
     size = sent * group_size  # the gathered output
-    return _cost(gather_bytes(size, group_size), sent, size)
+    return _cost(gather_bytes(size, group_size), sent, size, size)
 
 
 # -- reduce-scatter -------------------------------------------------------------------------
 @REGISTRY.collective(c10d._reduce_scatter_base_)
 def reduce_scatter_base(output, input, *rest, out_shape, dtypes, group_size):
     size = _nbytes(input, dtypes[1])  # input: the unscattered buffer
-    return _cost(gather_bytes(size, group_size), size, _nbytes(output, dtypes[0]))
+    return _cost(gather_bytes(size, group_size), size, _nbytes(output, dtypes[0]), size)
 
 
 @REGISTRY.collective([c10d.reduce_scatter_, c10d.reduce_scatter_tensor_coalesced_])
 def reduce_scatter_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
     dtype = _first(dtypes[0])
     size = _nbytes(inputs, dtype)
-    return _cost(gather_bytes(size, group_size), size, _nbytes(outputs, dtypes[0]))
+    return _cost(gather_bytes(size, group_size), size, _nbytes(outputs, dtypes[0]), size)
 
 
 @REGISTRY.collective([functional.reduce_scatter_tensor, functional.reduce_scatter_tensor_out,
@@ -135,55 +149,110 @@ def reduce_scatter_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
                       functional_autograd.reduce_scatter_tensor])
 def reduce_scatter_tensor(input, *rest, out_shape, dtypes, group_size):
     size = _nbytes(input, dtypes[0])
-    return _cost(gather_bytes(size, group_size), size, size // group_size)
+    return _cost(gather_bytes(size, group_size), size, size // group_size, size)
 
 
 # -- all-to-all -----------------------------------------------------------------------------
-@REGISTRY.collective([c10d.alltoall_, c10d.alltoall_base_])
-def alltoall(outputs, inputs, *rest, out_shape, dtypes, group_size):
+def _own_chunk(shape, dtype, splits, n: int, r: int) -> int:
+    """Bytes of rank ``r``'s own chunk of a buffer of ``shape`` split along dim 0 into
+    ``splits`` rows (an empty ``splits``: ``n`` even chunks)."""
+    size = _nbytes(shape, dtype)
+    if not splits:
+        return size // n
+    if len(splits) != n or r >= n:
+        raise ValueError(f"an all-to-all over {n} ranks got {len(splits)} split sizes "
+                         f"{list(splits)} (rank {r})")
+    return splits[r] * (size // shape[0] if shape[0] else 0)
+
+
+@REGISTRY.collective(c10d.alltoall_)
+def alltoall(outputs, inputs, *rest, out_shape, dtypes, group_size, group_rank):
+    # inputs: one tensor per rank (its own at group_rank, which never leaves)
     size = _nbytes(inputs, dtypes[1])  # everything this rank sends, its own chunk included
-    return _cost(gather_bytes(size, group_size), size, _nbytes(outputs, dtypes[0]))
+    own = _nbytes(inputs[group_rank], _first(dtypes[1])) if group_rank < len(inputs) else 0
+    return _cost(size - own, size, _nbytes(outputs, dtypes[0]), size)
 
 
-@REGISTRY.collective([functional.all_to_all_single, functional_autograd.all_to_all_single,
-                      dtensor.shard_dim_alltoall])
-def all_to_all_single(input, *rest, out_shape, dtypes, group_size):
+@REGISTRY.collective(c10d.alltoall_base_)
+def alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, *rest,
+                  out_shape, dtypes, group_size, group_rank):
+    size = _nbytes(input, dtypes[1])
+    own = _own_chunk(input, dtypes[1], input_split_sizes, group_size, group_rank)
+    return _cost(size - own, size, _nbytes(output, dtypes[0]), size)
+
+
+@REGISTRY.collective([functional.all_to_all_single, functional_autograd.all_to_all_single])
+def all_to_all_single(input, output_split_sizes, input_split_sizes, *rest, out_shape, dtypes,
+                      group_size, group_rank):
     size = _nbytes(input, dtypes[0])
-    return _cost(gather_bytes(size, group_size), size, math.prod(out_shape) * dtypes[0].itemsize)
+    own = _own_chunk(input, dtypes[0], input_split_sizes, group_size, group_rank)
+    return _cost(size - own, size, math.prod(out_shape) * dtypes[0].itemsize, size)
 
 
-# -- one to all, all to one -----------------------------------------------------------------
-@REGISTRY.collective([c10d.broadcast_, c10d.reduce_, functional.broadcast,
-                      functional.broadcast_])
-def broadcast(tensors, *rest, out_shape, dtypes):
+@REGISTRY.collective(dtensor.shard_dim_alltoall)
+def shard_dim_alltoall(input, *rest, out_shape, dtypes, group_size):
+    size = _nbytes(input, dtypes[0])  # split evenly across the group
+    return _cost(gather_bytes(size, group_size), size,
+                 math.prod(out_shape) * dtypes[0].itemsize, size)
+
+
+# -- one to all, all to one (root_rank: the root's rank in the group) -----------------------
+@REGISTRY.collective(c10d.broadcast_)
+def broadcast(tensors, process_group, root_rank, *rest, out_shape, dtypes, group_size,
+              group_rank):
     size = _nbytes(tensors, dtypes[0])
-    return _cost(size, size, size)
+    return _cost(_chain_bytes(size, group_size, group_rank, root_rank), size, size, size)
+
+
+@REGISTRY.collective([functional.broadcast, functional.broadcast_])
+def functional_broadcast(input, src, *rest, out_shape, dtypes, group_size, group_rank):
+    size = _nbytes(input, dtypes[0])
+    return _cost(_chain_bytes(size, group_size, group_rank, src), size, size, size)
+
+
+def _chain_bytes(size: int, n: int, r: int, root: int) -> int:
+    """A broadcast pipelined along the chain root, root + 1, ...: every rank forwards the
+    buffer but the last, (root - 1) mod n."""
+    return 0 if n <= 1 or r == (root - 1) % n else size
+
+
+@REGISTRY.collective(c10d.reduce_)
+def reduce(tensors, process_group, reduce_op, root_rank, *rest, out_shape, dtypes,
+           group_size, group_rank):
+    # pipelined along the chain that ends at the root: every rank sends the buffer but it
+    size = _nbytes(tensors, dtypes[0])
+    return _cost(0 if group_rank == root_rank else size, size, size, size)
 
 
 @REGISTRY.collective(c10d.gather_)
-def gather(outputs, inputs, *rest, out_shape, dtypes, group_size):
+def gather(outputs, inputs, process_group, root_rank, *rest, out_shape, dtypes, group_size,
+           group_rank):
     sent = _nbytes(inputs, dtypes[1])
     received = _nbytes(outputs, _first(dtypes[1]))  # the root's list; empty elsewhere
-    return _cost(gather_bytes(sent * group_size, group_size), sent, received)
+    comm = 0 if group_rank == root_rank else sent  # the root's own chunk stays
+    return _cost(comm, sent, received, sent * group_size)
 
 
 @REGISTRY.collective(c10d.scatter_)
-def scatter(outputs, inputs, *rest, out_shape, dtypes, group_size):
+def scatter(outputs, inputs, process_group, root_rank, *rest, out_shape, dtypes, group_size,
+            group_rank):
     received = _nbytes(outputs, dtypes[0])
     sent = _nbytes(inputs, _first(dtypes[0]))  # the root's list; empty elsewhere
-    return _cost(gather_bytes(received * group_size, group_size), sent, received)
+    comm = gather_bytes(sent, group_size) if group_rank == root_rank else 0
+    return _cost(comm, sent, received, received * group_size)
 
 
 # -- point to point, barriers, waits --------------------------------------------------------
 @REGISTRY.collective([c10d.send, functional.isend])
 def send(tensors, *rest, out_shape, dtypes):
     size = _nbytes(tensors, dtypes[0])
-    return _cost(size, size, 0)
+    return _cost(size, size, 0, size)
 
 
 @REGISTRY.collective([c10d.recv_, c10d.recv_any_source_, functional.irecv])
 def recv(tensors, *rest, out_shape, dtypes):
-    return _cost(0, 0, _nbytes(tensors, dtypes[0]))
+    size = _nbytes(tensors, dtypes[0])
+    return _cost(0, 0, size, size)
 
 
 @REGISTRY.collective(functional.batch_p2p_ops)
@@ -191,13 +260,14 @@ def batch_p2p_ops(op_list, peer_list, tag_list, tensors, *rest, out_shape, dtype
     sent = sum(_nbytes(t, d) for op, t, d in zip(op_list, tensors, dtypes[3]) if op == "isend")
     received = sum(_nbytes(t, d) for op, t, d in zip(op_list, tensors, dtypes[3])
                    if op != "isend")
-    return _cost(sent, sent, received)
+    # S: the message each way (NCCL-tests' sendrecv: the bytes sent, as many received)
+    return _cost(sent, sent, received, max(sent, received))
 
 
 @REGISTRY.collective([c10d.barrier, c10d.monitored_barrier_, functional.wait_tensor])
 def synchronise(*args, out_shape):
     # waits for the others (or, wait_tensor, for an async collective's result): no bytes
-    return _cost(0, 0, 0)
+    return _cost(0, 0, 0, 0)
 
 
 @REGISTRY.formula(c10d.check_for_nan)

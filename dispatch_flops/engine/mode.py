@@ -7,9 +7,11 @@ OpOverload once, and leaves all aggregation to report time.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import ValuesView
 from functools import partial
 from types import FrameType
 from typing import Optional
@@ -24,6 +26,7 @@ from torch.utils._python_dispatch import (
     _pop_mode,
     _push_mode,
 )
+from torch.utils.weak import WeakIdKeyDictionary
 
 from dispatch_flops.engine.records import (
     CALLS,
@@ -220,7 +223,7 @@ def formula_call(args, kwargs, out, resolved) -> tuple:
     """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``);
     ``dtypes`` and ``layouts`` (one per argument) join the kwargs of formulas that declare
     them (every layout dense here: see ``_exotic_call`` for the others), ``group_size``
-    those of collectives that do."""
+    and ``group_rank`` those of collectives that do."""
     kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
     if resolved.with_dtypes:
         kw["dtypes"] = [_dtype(a) for a in args]
@@ -228,10 +231,12 @@ def formula_call(args, kwargs, out, resolved) -> tuple:
         kw["layouts"] = [None] * len(args)
     if resolved.with_group_size:
         kw["group_size"] = group_size(args, resolved.group_arg)
+    if resolved.with_group_rank:
+        kw["group_rank"] = group_rank(args, resolved.group_arg)
     return [_shape(a) for a in args], _shape(out), kw
 
 
-# -- collectives: keyed and priced by the size of their process group ------------------------
+# -- collectives: keyed and priced by the size of their process group and the rank in it -----
 def _process_group(v):
     """The ProcessGroup a collective's argument names: the object itself, its TorchScript
     box (c10d ops), or its name (functional collectives)."""
@@ -254,20 +259,32 @@ def group_size(args, position) -> int:
     return _process_group(args[position]).size()
 
 
+def group_rank(args, position) -> int:
+    """This process's rank in the process group a collective was called on (``position``:
+    its argument's index); 0 when the op names none."""
+    if position is None or position >= len(args):
+        return 0
+    return _process_group(args[position]).rank()
+
+
 def _script_key(v):
     """A stable stand-in for a TorchScript object argument (a new Python box every call): a
-    process group by its size (all a price depends on), anything else by its type."""
+    process group by its size and this process's rank in it (all a price depends on),
+    anything else by its type."""
     name = v._type().name()
     if name == "ProcessGroup":
-        return (name, _process_group(v).size())
+        group = _process_group(v)
+        return (name, group.size(), group.rank())
     return (name,)
 
 
 def _collective_signature(sig: list, resolved, args, out) -> list:
     """A collective's signature: its TorchScript arguments by ``_script_key`` and its group's
-    size (a group name outlives a group); the output (a ``Work`` among it) left out."""
+    size and this process's rank in it (a group name outlives a group); the output (a
+    ``Work`` among it) left out."""
     sig = [_script_key(x) if isinstance(x, torch.ScriptObject) else x for x in sig]
     sig.append(group_size(args, resolved.group_arg))
+    sig.append(group_rank(args, resolved.group_arg))
     return sig
 
 
@@ -441,6 +458,8 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             formula_kw["layouts"] = [p[3] for p in a]
         if resolved.with_group_size:
             formula_kw["group_size"] = group_size(args, resolved.group_arg)
+        if resolved.with_group_rank:
+            formula_kw["group_rank"] = group_rank(args, resolved.group_arg)
         call = ([p[1] for p in a], o[1], formula_kw)
     sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
     return sig, Signature(call, read, written, compute_dtype(args))
@@ -478,10 +497,11 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "with_group_size", "group_arg")
+                 "signed", "with_group_size", "group_arg", "with_group_rank")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
-                 out_in_signature, with_layouts=False, with_group_size=False):
+                 out_in_signature, with_layouts=False, with_group_size=False,
+                 with_group_rank=False):
         self.func = func
         # what runs the op: the overload's C++ entry when calling the overload would only
         # forward to it (``OpOverload.__call__`` is one Python frame around ``_op``)
@@ -503,6 +523,7 @@ class _Resolved:
         # the op is the user's and we cannot know: then it is part of the signature. A
         # collective takes this path too, to key its process group (``signed``)
         self.with_group_size = with_group_size  # the formula declares ``group_size``
+        self.with_group_rank = with_group_rank  # the formula declares ``group_rank``
         self.group_arg = next((i for i, a in enumerate(func._schema.arguments)
                                if a.name in ("process_group", "group_name")), None)
         communicates = category is Category.COMMUNICATION
@@ -565,6 +586,7 @@ class CountingMode(TorchDispatchMode):
         cache = engine_cache(registry)
         self.resolved = cache.resolutions.setdefault(causal_unmasked_only, {})
         self._shared = cache.signatures.setdefault(causal_unmasked_only, OrderedDict())
+        self._shared_logical = cache.logical.setdefault(causal_unmasked_only, OrderedDict())
         self.forward_acc: dict = {}
         self.recomputing = False
         self.stepping = False  # the tracker's innermost optimizer step counts (see _recheck)
@@ -572,7 +594,8 @@ class CountingMode(TorchDispatchMode):
         self._in_step: tuple[FrameType, ...] = ()
         self.tracker: Optional[ModuleTracker] = None  # see bind; None again once it closes
         # the DTensor-level ops this mode let DTensor unwrap (``_unwrapping``): their global
-        # (logical) figure, {key: [calls, Signature or None, resolution]}
+        # (logical) figure, and the plain-tensor ops run outside them, each at its shard
+        # factor: {key: [calls, Signature or None, resolution, shapes, factor]}
         self.logical: dict = {}
         # point-to-point transfers a workflow has told apart before they run (pipeline
         # stages: ``workflows.pipeline``): {id(tensor): (tensor, accumulator)}, each sent or
@@ -580,6 +603,13 @@ class CountingMode(TorchDispatchMode):
         # backward) instead of the running frame's; and the actions it noted, as run facts
         self.p2p_tags: dict = {}
         self.pipeline: list = []
+        # what tells a DTensor's own local work from the plain-tensor ops around it (see
+        # ``_local``): the (caller frame, instruction, autograd node) of the last DTensor-level
+        # call, its global output's elements, and the shard factor of the tensors made so far
+        self._dtensor_call: tuple = ()
+        self._dtensor_numel = 0
+        self._caller: Optional[FrameType] = None
+        self._shards = WeakIdKeyDictionary()
 
     def _tagged(self, args, acc: dict) -> dict:
         """The accumulator a tagged tensor among a communication op's arguments names (its
@@ -648,7 +678,7 @@ class CountingMode(TorchDispatchMode):
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
         formula = entry.formula
-        with_dtypes = with_layouts = with_group_size = False
+        with_dtypes = with_layouts = with_group_size = with_group_rank = False
         if formula is not None:  # a formula, an estimate, or a no-arithmetic op's bytes
             kind = FORMULA
             parameters = inspect.signature(formula).parameters
@@ -657,6 +687,7 @@ class CountingMode(TorchDispatchMode):
             with_dtypes = "dtypes" in parameters
             with_layouts = "layouts" in parameters
             with_group_size = "group_size" in parameters
+            with_group_rank = "group_rank" in parameters
         elif entry.category is Category.NO_ARITHMETIC:
             kind = _MOVEMENT_KIND[entry.movement]
         else:
@@ -670,7 +701,7 @@ class CountingMode(TorchDispatchMode):
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
         resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
-                             out_in_signature, with_layouts, with_group_size)
+                             out_in_signature, with_layouts, with_group_size, with_group_rank)
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.EXACT, FORMULA
             resolved.decompose = partial(self._decomposed, func)
@@ -751,37 +782,127 @@ class CountingMode(TorchDispatchMode):
     def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
         if torch._C._get_dispatch_mode(_FAKE) is not None:
             return func(*args, **kwargs) if kwargs else func(*args)
-        return type(self).__torch_dispatch__(self, func, types, args, kwargs)
+        # the caller's frame; None when no Python frame made the call (an autograd device
+        # thread running backward)
+        return self._followed(func, types, args, kwargs, sys._getframe().f_back)
 
-    def _logical(self, func, args, kwargs) -> None:
-        """Count a DTensor-level call at its global shapes: worked out once per distinct
-        shapes, on meta tensors, and priced when read (``logical_ops``)."""
-        from torch.utils._pytree import tree_leaves, tree_map_only
+    def _followed(self, func, types, args, kwargs, caller):
+        """Count the call (``caller``: the frame that made it), then follow it into the
+        logical figure (``_local``)."""
+        self._caller = caller
+        out = type(self).__torch_dispatch__(self, func, types, args, kwargs)
+        if out is not NotImplemented:
+            self._local(func, args, kwargs, out, caller)
+        return out
+
+    def follow_local_tensors(self, model) -> None:
+        """Follow plain-tensor ops into the logical figure from the first op on, when
+        ``model`` holds DTensor parameters (tensor parallelism, FSDP2): otherwise from the
+        first DTensor met (``_run_sharding_propagation_uncounted``)."""
+        tensor = sys.modules.get("torch.distributed.tensor")
+        if tensor is not None and model is not None and any(
+                isinstance(p, tensor.DTensor) for p in model.parameters()):
+            self._run_sharding_propagation_uncounted()
+
+    def _local(self, func, args, kwargs, out, caller) -> None:
+        """A plain-tensor op, once a DTensor was met. Run by DTensor as its own local work
+        (from the call site and autograd node of the DTensor-level call it serves, or from
+        DTensor's Python code): its outputs take the shard factor of that call's output
+        (global elements / local ones), and the logical figure has the call already.
+        Otherwise it is the user's (attention on the local heads tensor parallelism's
+        ``use_local_output`` hands over, a loss): counted in the logical figure at its
+        inputs' largest shard factor (one for a replica), which its outputs take. A
+        collective keeps the global elements (an all-gather's output is whole)."""
+        shards = self._shards
+        resolved = self.resolved.get(id(func)) or self._resolve(func)
+        inputs = _tensors(args) + (_tensors(kwargs.values()) if kwargs else [])
+        factor = 1
+        if shards:
+            for t in inputs:
+                factor = max(factor, shards.get(t, 1))
+        if resolved.category is Category.COMMUNICATION:
+            if inputs:
+                factor = factor * inputs[0].numel()
+            for t in _tensors(out):
+                if t.numel() and factor / t.numel() > 1:
+                    shards[t] = factor / t.numel()
+                elif t in shards:
+                    del shards[t]
+            return
+        frame, kind = _origin(caller)
+        if kind is _DTENSOR or _call_site(frame) == self._dtensor_call:
+            whole = self._dtensor_numel
+            inherited = shards.get(args[0]) if resolved.view and args and \
+                isinstance(args[0], Tensor) else None
+            for t in _tensors(out):
+                local = inherited or (whole / t.numel() if whole and t.numel() else 1)
+                if local > 1:
+                    shards[t] = local
+                elif t in shards:
+                    del shards[t]
+            return
+        self._logical(func, args, kwargs, factor)
+        if factor > 1:
+            for t in _tensors(out):
+                shards[t] = factor
+
+    def _logical(self, func, args, kwargs, factor=None) -> None:
+        """Count a DTensor-level call at its global shapes (``factor`` None), or a
+        plain-tensor op at its shapes times ``factor``: worked out once per distinct call
+        (shapes, dtypes and other arguments) in the process, on meta tensors, and priced when
+        read (``logical_ops``)."""
+        from torch.utils._pytree import tree_map_only
         kwargs = kwargs or {}
-        key = (id(func),) + tuple((tuple(t.shape), t.dtype) for t in tree_leaves((args, kwargs))
-                                  if isinstance(t, Tensor))
+        call = (id(func), _logical_key(args), _logical_key(kwargs.items()) if kwargs else ())
+        key = (factor,) + call
         rec = self.logical.get(key)
         if rec is None:
             resolved = self.resolved.get(id(func)) or self._resolve(func)
-            signature = None
-            try:
-                with _disable_current_modes():  # not the user's ops: no mode below sees them
-                    meta_args, meta_kwargs = tree_map_only(
-                        Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
-                        (args, kwargs))
-                    out = func(*meta_args, **meta_kwargs)
-                signature = _work_out(resolved, meta_args, meta_kwargs, out)
-            except Exception:  # an op meta tensors cannot run: its calls are still listed
-                pass
-            rec = self.logical[key] = [0, signature, resolved, key[1:]]
+            shared = self._shared_logical
+            worked = shared.get(call)  # every counter's: worked out once per process
+            if worked is None:
+                signature = None
+                numel = 0
+                try:
+                    with _disable_current_modes():  # not the user's: no mode below sees them
+                        meta_args, meta_kwargs = tree_map_only(
+                            Tensor,
+                            lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                            (args, kwargs))
+                        out = func(*meta_args, **meta_kwargs)
+                    signature = _work_out(resolved, meta_args, meta_kwargs, out)
+                    outputs = _tensors(out)
+                    numel = outputs[0].numel() if outputs else 0
+                except Exception:  # an op meta tensors cannot run: its calls are still listed
+                    pass
+                worked = shared[call] = (signature, numel)
+                if len(shared) > SIGNATURES_KEPT:
+                    try:
+                        shared.popitem(last=False)
+                    except KeyError:  # another thread's counter emptied it meanwhile
+                        pass
+            shapes = tuple(t.shape for t in _tensors(args) + (
+                _tensors(kwargs.values()) if kwargs else []))
+            rec = self.logical[key] = [0, worked[0], resolved, shapes, factor, worked[1]]
         rec[0] += 1
+        if factor is None:  # the local work DTensor runs next is this call's
+            caller = self._caller if "__torch_dispatch__" in self.__dict__ \
+                else sys._getframe().f_back.f_back  # type: ignore[union-attr]
+            frame, kind = _origin(caller)
+            # a DTensor-level call DTensor's own code makes (redistributing a bias) is part
+            # of the user's call around it, whose local op comes last
+            if kind is None:
+                self._dtensor_call = _call_site(frame)
+                self._dtensor_numel = rec[5]
 
     def logical_ops(self) -> tuple:
-        """``((overload, global shapes, calls, flops, macs), ...)`` of the DTensor-level
-        calls (flops and MACs 0 where they could not be priced)."""
+        """``((overload, shapes, calls, flops, macs), ...)`` of the DTensor-level calls (at
+        their global shapes) and of the plain-tensor ops run outside them (at their shapes,
+        flops and MACs times their shard factor); flops and MACs 0 where they could not be
+        priced."""
         flops_i, macs_i = PRICED.index("flops"), PRICED.index("macs")
-        out = []
-        for calls, signature, resolved, shapes in self.logical.values():
+        out: dict = {}
+        for calls, signature, resolved, shapes, factor, _ in self.logical.values():
             flops = macs = 0
             if signature is not None:
                 try:
@@ -789,9 +910,12 @@ class CountingMode(TorchDispatchMode):
                     flops, macs = unit[flops_i] * calls, unit[macs_i] * calls
                 except PricingError:
                     pass
-            out.append((str(resolved.func), tuple(shape for shape, _ in shapes), calls, flops,
-                        macs))
-        return tuple(out)
+            if factor is not None and factor != 1:
+                flops, macs = round(flops * factor), round(macs * factor)
+            key = (str(resolved.func), tuple(tuple(shape) for shape in shapes))
+            total = out.get(key, (0, 0, 0))
+            out[key] = (total[0] + calls, total[1] + flops, total[2] + macs)
+        return tuple(k + v for k, v in out.items())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
@@ -913,6 +1037,67 @@ class CountingMode(TorchDispatchMode):
         return out
 
 
+def _logical_key(values) -> tuple:
+    """A hashable stand-in for a call's arguments (``values``): tensors by shape and dtype,
+    lists and tuples (and kwargs' pairs) item by item, anything unhashable by its type."""
+    out = []
+    for v in values:
+        if isinstance(v, Tensor):
+            out.append((tuple(v.shape), v.dtype))
+        elif v.__class__ is list or v.__class__ is tuple:
+            out.append(_logical_key(v))
+        else:
+            try:
+                hash(v)
+            except TypeError:
+                v = type(v)
+            out.append(v)
+    return tuple(out)
+
+
+def _tensors(values) -> list:
+    """The tensors among ``values``: a tensor, or a list, tuple or dict view of them (one
+    level deep); none in anything else."""
+    if isinstance(values, Tensor):
+        return [values]
+    if isinstance(values, (list, tuple, ValuesView)):
+        return [v for v in values if isinstance(v, Tensor)]
+    return []
+# Where an op comes from: the first frame up the stack that is not one the call passes through
+# (``OpOverload.__call__``; the functional collectives, an AsyncCollectiveTensor's dispatch),
+# and whether it is DTensor's own code (to_local, redistribute, its Python dispatch path)
+_DTENSOR, _PASSING = "dtensor", "passing"
+_PLACES = ((os.path.join("torch", "distributed", "tensor", ""), _DTENSOR),
+           (os.path.join("torch", "distributed", "_functional_collectives"), _PASSING),
+           (os.path.join("torch", "_ops.py"), _PASSING))
+_CODE_KINDS: dict = {}  # code object -> _DTENSOR, _PASSING or None (the user's)
+
+
+def _call_site(frame) -> tuple:
+    """Where a call is made: the frame and instruction (none on a thread without Python
+    frames), and the autograd node running (backward)."""
+    if frame is None:
+        return (None, -1, _current_node())
+    return (frame, frame.f_lasti, _current_node())
+
+
+def _origin(frame) -> tuple:
+    """``(frame, kind)`` an op called from ``frame`` comes from (see ``_PLACES``);
+    ``(None, None)`` past the stack's top."""
+    while frame is not None:
+        code = frame.f_code
+        kind = _CODE_KINDS.get(code, 0)
+        if kind == 0:
+            if len(_CODE_KINDS) > 4096:
+                _CODE_KINDS.clear()
+            kind = _CODE_KINDS[code] = next(
+                (k for place, k in _PLACES if place in code.co_filename), None)
+        if kind is not _PASSING:
+            return frame, kind
+        frame = frame.f_back
+    return None, None
+
+
 def _decomposable(func, entry) -> bool:
     """Whether ``func`` is a composite (CompositeImplicitAutograd: it reaches the mode whole
     only under inference_mode) priced by counting its decomposition: one with a built-in
@@ -942,6 +1127,16 @@ class GuardedCountingMode(CountingMode):
         if not tracker.sees(sys._getframe()):
             return func(*args, **kwargs) if kwargs else func(*args)
         return CountingMode.__torch_dispatch__(self, func, types, args, kwargs)
+
+    def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
+        tracker = self.tracker
+        assert tracker is not None  # a mode counts only while bound to its tracker
+        if torch._C._get_dispatch_mode(_FAKE) is not None or \
+                not tracker.sees(sys._getframe()):
+            return func(*args, **kwargs) if kwargs else func(*args)
+        # the caller's frame; None when no Python frame made the call (an autograd device
+        # thread running backward)
+        return self._followed(func, types, args, kwargs, sys._getframe().f_back)
 
 
 def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None:

@@ -141,7 +141,8 @@ def unit_of(cost, bytes_read: int, bytes_written: int, where: str) -> tuple:
     values = {"flops": _count("flops", cost.flops, where),
               "macs": _count("macs", cost.macs, where),
               "bytes_read": bytes_read, "bytes_written": bytes_written,
-              "comm_bytes": _count("comm_bytes", cost.comm_bytes, where)}
+              "comm_bytes": _count("comm_bytes", cost.comm_bytes, where),
+              "comm_alg_bytes": _count("comm_alg_bytes", cost.comm_alg_bytes, where)}
     return tuple(values[name] for name in PRICED)
 
 
@@ -151,7 +152,7 @@ class EngineCache:
     none of it; a registration (or a change to ``ELEMENT_COSTS``, which formulas read) bumps
     a version, and the next counter starts a new cache."""
 
-    __slots__ = ("version", "resolutions", "signatures", "ledgers", "__weakref__")
+    __slots__ = ("version", "resolutions", "signatures", "ledgers", "logical", "__weakref__")
 
     def __init__(self, version: tuple):
         self.version = version
@@ -159,6 +160,8 @@ class EngineCache:
         # option -> {signature key: Signature}, the last mode.SIGNATURES_KEPT met (an LRU)
         self.signatures: dict = {}
         self.ledgers: dict = {}  # (id(model), option) -> (weakref to model, Ledger)
+        # option -> {logical call key: (Signature or None, output elements)}, an LRU too
+        self.logical: dict = {}
 
 
 _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -34,12 +34,14 @@ class ModuleFacts:
 class RunFacts:
     """What a run was: the model's label, the counter's options, the device and dtype, the
     block's wall time (timing on), the steps it holds (``merge`` adds them), and the rank and
-    world size (``None`` outside ``torch.distributed``). ``dtensor_ops``: the DTensor-level
-    calls the rank's counts unwrap, at their global (logical) shapes: ``(overload, shapes,
-    calls, flops, macs)`` each (see ``Profile.logical``). ``attention_calls`` and
-    ``parameters``: what the MFU conventions read (``conventions``): the forward attention
-    calls, ``(stack, batch, heads, q_len, k_len, head_dim, value_dim, causal, calls)`` each,
-    and the model's parameters in groups, ``(name, count)`` pairs (``engine.facts``)."""
+    world size (``None`` outside ``torch.distributed``). ``dtensor_ops``: the logical
+    (unsharded) program: the DTensor-level calls the rank's counts unwrap, at their global
+    shapes, and the plain-tensor ops outside them, priced times their shard factor:
+    ``(overload, shapes, calls, flops, macs)`` each (see ``Profile.logical``).
+    ``attention_calls`` and ``parameters``: what the MFU conventions read (``conventions``):
+    the forward attention calls, ``(stack, batch, heads, q_len, k_len, head_dim, value_dim,
+    causal, calls)`` each, and the model's parameters in groups, ``(name, count)`` pairs
+    (``engine.facts``)."""
 
     model: str = GLOBAL  # the root's label: the model's class name
     has_model: bool = False

@@ -151,9 +151,11 @@ class ProfileViews:
 
     @property
     def logical(self) -> Stats:
-        """The DTensor-level calls at their global shapes (calls, flops, MACs): the figure of
-        the unsharded program, which this rank's counts split into local shard work and
-        collectives. Zero without DTensors."""
+        """The figure of the unsharded program (calls, flops, MACs), which this rank's counts
+        split into local shard work and collectives: the DTensor-level calls at their global
+        shapes, and the ops on plain tensors outside them times the shard factor of their
+        inputs (attention on the local heads tensor parallelism hands over counts ``n``
+        times, a loss on a replica once; docs/conventions.md). Zero without DTensors."""
         ops = self.to_profile().run.dtensor_ops
         return Stats(calls=sum(o[2] for o in ops), flops=sum(o[3] for o in ops),
                      macs=sum(o[4] for o in ops))

@@ -378,9 +378,11 @@ def _checked_row(r: dict, keep: Callable) -> Row:
                    CATEGORY_NAMES[r["category"]], DTYPE_NAMES.get(r.get("dtype"))), counts)
 
 
+# counts files written before them lack (read as 0)
+_LATER_COUNTS = ("comm_bytes", "comm_alg_bytes")
 # what from_dict reads, and how each field is checked: (check, required); a reader ignores
 # keys it does not know (docs/schema.md), so those are not checked
-_STATS = validate.obj({**{c: (validate.count, c != "comm_bytes") for c in COUNTS},
+_STATS = validate.obj({**{c: (validate.count, c not in _LATER_COUNTS) for c in COUNTS},
                        "latency_s": (validate.optional(validate.seconds), True)})
 _RECORD = validate.obj({
     "stack": (validate.stack, True), "phase": (validate.phase, True),

@@ -86,8 +86,10 @@ def _add_latency(a: Optional[float], b: Optional[float]) -> Optional[float]:
 @dataclass(frozen=True)
 class Stats:
     """Counts for a set of op calls. ``flops`` includes ``2 * macs``. ``comm_bytes`` is what
-    the collectives among them put on the wire from this rank (the ring convention of
-    docs/conventions.md). ``latency_s`` is the measured time in seconds when timing was on,
+    the collectives among them put on the wire from this rank (the bus convention of
+    docs/conventions.md: ``comm_bytes / time`` is NCCL-tests' busbw), ``comm_alg_bytes``
+    their sizes ``S`` (``comm_alg_bytes / time`` is NCCL-tests' algbw; torch.profiler's
+    message sizes). ``latency_s`` is the measured time in seconds when timing was on,
     ``None`` when it was off."""
 
     calls: int = 0
@@ -96,6 +98,7 @@ class Stats:
     bytes_read: int = 0
     bytes_written: int = 0
     comm_bytes: int = 0
+    comm_alg_bytes: int = 0
     latency_s: Optional[float] = None
 
     def __add__(self, other: "Stats") -> "Stats":
@@ -178,6 +181,10 @@ class ModuleStats:
     @property
     def comm_bytes(self) -> int:
         return self.inclusive.comm_bytes
+
+    @property
+    def comm_alg_bytes(self) -> int:
+        return self.inclusive.comm_alg_bytes
 
     @property
     def bytes_written(self) -> int:

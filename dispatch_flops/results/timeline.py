@@ -29,3 +29,4 @@ class TraceEvent:
     bytes_read: int = 0
     bytes_written: int = 0
     comm_bytes: int = 0  # a collective's bytes on the wire
+    comm_alg_bytes: int = 0  # a collective's size S (NCCL-tests' algbw = S / time)

@@ -120,6 +120,9 @@ COLUMNS: tuple = (
     # collectives ran: the bytes this rank put on the wire (docs/conventions.md)
     Column("comm", "Comm", "Comm", 6, lambda run, name, m: human(m.comm_bytes, "B"),
            lambda run: run.profile.total.comm_bytes > 0),
+    # and their sizes S (NCCL-tests' algorithm bytes), first to go when the table narrows
+    Column("comm_alg", "Comm S", "CommS", 14, lambda run, name, m: human(m.comm_alg_bytes, "B"),
+           lambda run: run.profile.total.comm_alg_bytes > 0),
     Column("flops_min", "FLOPs min", "Fmin", 5,
            lambda run, name, m: human(run.spread[name]["flops"][0]), lambda run: run.spread),
     Column("flops_max", "FLOPs max", "Fmax", 5,

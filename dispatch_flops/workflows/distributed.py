@@ -20,6 +20,7 @@ instead of hanging every rank in a collective that can never complete.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Optional
@@ -30,15 +31,19 @@ from dispatch_flops.workflows.pipeline import pipeline_stage
 
 __all__ = ["gather", "gathered", "pipeline_stage"]
 
-_ROUNDS: dict = {}  # gathers made per group in this process: every rank counts the same
-
-
 def gather(run, dst: int = 0, group=None, *, timeout: float = 300.0) -> Optional[Profile]:
     """Every rank of ``group`` (default: the world) calls it with its counter or Profile; on
     rank ``dst`` (a global rank of the group) it returns the gathered Profile (see
     ``gathered``), on the others ``None``. ``RuntimeError`` on ``dst`` when a rank has sent
-    nothing within ``timeout`` seconds; ``ValueError`` outside ``torch.distributed`` or when
-    ``dst`` is not in the group."""
+    nothing within ``timeout`` seconds, and on the others when ``dst`` opened no round within
+    it; ``ValueError`` outside ``torch.distributed`` or when ``dst`` is not in the group.
+
+    Rounds are agreed through the store, not counted per process: ``dst`` opens round ``k``
+    (a store-side counter), every other rank joins the round ``dst`` has open, and ``dst``
+    closes it when it has read every payload or given up waiting, deleting the round's keys.
+    A rank that skipped a round (raised, returned early) joins the next one: one failed
+    round never shifts the later ones. A call made while ``dst`` still waits on a round
+    joins that round."""
     import torch.distributed as dist
 
     profile = as_profile(run)
@@ -54,29 +59,64 @@ def gather(run, dst: int = 0, group=None, *, timeout: float = 300.0) -> Optional
     rank = dist.get_rank()
     if rank not in ranks:
         raise ValueError(f"rank {rank} is not in the group (its ranks: {ranks})")
-    name = getattr(group, "group_name", "world")
-    _ROUNDS[name] = round_ = _ROUNDS.get(name, 0) + 1
-    prefix = f"dispatch_flops/gather/{name}/{round_}/"
+    base = f"{_PREFIX}{getattr(group, 'group_name', 'world')}/"
     store = dist.distributed_c10d._get_default_store()
     if profile.run.rank is None:
         profile = profile.replace(run=replace(profile.run, rank=rank, world_size=len(ranks)))
-    store.set(prefix + str(rank), json.dumps(profile.to_dict()))
+    payload = json.dumps(profile.to_dict())
     if rank != dst:
+        _join(store, base, rank, dst, payload, timeout)
         return None
-    keys = [prefix + str(r) for r in ranks]
+    round_ = store.add(base + "rounds", 1)  # the store's count: every rank reads the same
+    prefix = f"{base}{round_}/"
+    others = [r for r in ranks if r != dst]
+    keys = [prefix + str(r) for r in others]
+    store.set(base + "current", f"{round_} open")
     try:
-        store.wait(keys, timedelta(seconds=timeout))
-    except Exception:  # the store's timeout error: say which ranks never sent
-        missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
-        raise RuntimeError(
-            f"dispatch_flops.distributed.gather: rank(s) {missing} sent no profile within "
-            f"{timeout:g} s (did they raise inside their block, or not call gather?)") from None
-    profiles = []
-    for r, key in zip(ranks, keys):
-        # a peer's payload is read as a file is: checked field by field (results.validate)
-        profiles.append(Profile(*schema.loads(store.get(key), f"rank {r}")))
-        store.delete_key(key)
-    return gathered(profiles)
+        try:
+            if keys:
+                store.wait(keys, timedelta(seconds=timeout))
+        except Exception:  # the store's timeout error: say which ranks never sent
+            missing = [r for r, k in zip(others, keys) if not store.check([k])]
+            raise RuntimeError(
+                f"dispatch_flops.distributed.gather: rank(s) {missing} sent no profile within "
+                f"{timeout:g} s (did they raise inside their block, or not call gather?)"
+            ) from None
+        texts: dict = dict(zip(others, (store.get(key) for key in keys)))
+    finally:
+        store.set(base + "current", f"{round_} closed")
+        for key in keys:
+            if store.check([key]):
+                store.delete_key(key)
+    texts[dst] = payload
+    # a peer's payload is read as a file is: checked field by field (results.validate)
+    return gathered([Profile(*schema.loads(texts[r], f"rank {r}")) for r in ranks])
+
+
+_PREFIX = "dispatch_flops/gather/"
+_POLL_S = 0.02
+
+
+def _join(store, base: str, rank: int, dst: int, payload: str, timeout: float) -> None:
+    """A rank other than ``dst``: wait (``timeout`` seconds at most) for ``dst`` to open a
+    round this rank has not posted to, post ``payload`` there, and take it back if ``dst``
+    closed the round meanwhile (it would be a stale key)."""
+    deadline = time.monotonic() + timeout
+    current = base + "current"
+    while True:
+        state = store.get(current).decode() if store.check([current]) else "0 closed"
+        number, status = state.split()
+        key = f"{base}{number}/{rank}"
+        if status == "open" and not store.check([key]):
+            break
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"dispatch_flops.distributed.gather: rank {dst} (dst) opened no gather round "
+                f"within {timeout:g} s (did it raise inside its block, or not call gather?)")
+        time.sleep(_POLL_S)
+    store.set(key, payload)
+    if store.get(current).decode() != state:
+        store.delete_key(key)  # closed before we posted: dst will never read it
 
 
 def gathered(profiles) -> Profile:
