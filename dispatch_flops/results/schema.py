@@ -365,7 +365,9 @@ def _checked_row(r: dict, keep: Callable) -> Row:
 
 # what from_dict reads, and how each field is checked: (check, required); a reader ignores
 # keys it does not know (docs/schema.md), so those are not checked
-_STATS = validate.obj({**{c: (validate.count, c != "comm_bytes") for c in COUNTS},
+# counts added after the first files: read as 0 when absent
+_OPTIONAL_COUNTS = frozenset(("comm_bytes", "masked_flops", "masked_macs"))
+_STATS = validate.obj({**{c: (validate.count, c not in _OPTIONAL_COUNTS) for c in COUNTS},
                        "latency_s": (validate.optional(validate.seconds), True)})
 _RECORD = validate.obj({
     "stack": (validate.stack, True), "phase": (validate.phase, True),
