@@ -93,7 +93,7 @@ def count(mode, resolution: HopResolution, q: Tensor, k: Tensor, v: Tensor, outs
     key = (id(resolution), q.shape, k.shape, v.shape, q.dtype)
     rec = acc.get(key)
     if rec is None:
-        call = ((q.shape, k.shape, v.shape), None, {})
+        call: tuple = ((q.shape, k.shape, v.shape), None, {})
         signature = Signature(call, _nbytes((q, k, v)), _nbytes(outs),
                               str(q.dtype).replace("torch.", ""))
         mode.resolved.setdefault(id(resolution), resolution)
