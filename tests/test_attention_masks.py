@@ -180,9 +180,31 @@ def _tiny_hf(kind: str, impl: str):
     return model.eval()
 
 
-def hf_case(kind, s=256, lengths=None):
+def eager_case(allowed, s, kind="additive"):
+    """Attention written as plain ops: scores, an additive mask, softmax, then @ v."""
+    m = mask_of(allowed, s)
+    bias = torch.zeros(s, s).masked_fill(~m, float("-inf") if kind == "additive"
+                                          else torch.finfo(torch.float32).min)
+
     def run():
-        model = _tiny_hf(kind, "sdpa")
+        q = torch.randn(B, H, s, D)
+        with FlopCounter() as fc:
+            scores = q @ q.transpose(-2, -1) / math.sqrt(D) + bias
+            torch.softmax(scores, dim=-1) @ q
+        return eager_stats(fc)
+
+    useful = B * H * loop_pairs(allowed, s, s)
+    return run, B * H * s * s * 2 * D, useful * 2 * D
+
+
+def eager_stats(fc) -> Stats:
+    """The contractions of attention written as plain ops (bmm)."""
+    return fc.by_operator().get("aten.bmm", Stats())
+
+
+def hf_case(kind, s=256, lengths=None, impl="sdpa"):
+    def run():
+        model = _tiny_hf(kind, impl)
         tokens = torch.randint(0, 64, (1, s))
         kwargs = {"use_cache": False}
         if lengths is not None:  # packed: position ids restart at each sequence
@@ -191,7 +213,7 @@ def hf_case(kind, s=256, lengths=None):
             warnings.simplefilter("ignore")
             with FlopCounter(model) as fc, torch.no_grad():
                 model(tokens, **kwargs)
-        return attention_stats(fc)
+        return attention_stats(fc) if impl == "sdpa" else eager_stats(fc)
 
     heads = B * H
     if kind == "gemma3":  # one sliding layer (window 64), one global (causal)
@@ -225,6 +247,11 @@ CASES = {
     "HF Gemma-3 sdpa (sliding + global)": lambda: hf_case("gemma3"),
     "HF Mistral sdpa window 128": lambda: hf_case("mistral"),
     "HF Llama packed 100/60/96": lambda: hf_case("llama", lengths=[100, 60, 96]),
+    "eager ops window 64 (-inf)": lambda: eager_case(window(64), 256),
+    "eager ops documents (finfo.min)": lambda: eager_case(documents([100, 60, 96]), 256,
+                                                          "finfo_min"),
+    "HF Gemma-3 eager (sliding + global)": lambda: hf_case("gemma3", impl="eager"),
+    "HF Mistral eager window 128": lambda: hf_case("mistral", impl="eager"),
 }
 COMPILED = {
     "flex compiled causal": lambda: flex_case(causal, 256, True),
@@ -256,6 +283,15 @@ def test_compiled_flex_counts_the_blocks_it_ran(name):
     """Compiled flex (inductor's block-sparse kernel): hardware = the BlockMask's computed
     blocks (partial and full), model = the unmasked pairs, counted each run."""
     check(COMPILED[name])
+
+
+def test_a_masked_softmax_after_no_contraction_masks_nothing():
+    """A softmax over masked logits that no contraction produced (a classifier's) is not
+    attention: nothing is counted masked."""
+    logits = torch.randn(4, 10).masked_fill(torch.rand(4, 10) < 0.5, float("-inf"))
+    with FlopCounter() as fc:
+        torch.softmax(logits + 1, dim=-1)
+    assert fc.total.masked_flops == 0
 
 
 def test_masked_flops_are_the_masked_pairs_at_the_formula_rate():

@@ -17,6 +17,7 @@ A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Optional
 
 import torch
@@ -66,11 +67,9 @@ def _int(n) -> int:
 
 
 def _has_values(t) -> bool:
-    """Whether ``t`` holds values that can be read (not fake, not meta)."""
-    if not isinstance(t, Tensor) or t.device.type == "meta":
-        return False
-    from torch._subclasses.fake_tensor import FakeTensor
-    return not isinstance(t, FakeTensor)
+    """Whether ``t`` holds values that can be read (a plain tensor, not fake, not meta)."""
+    return type(t) is Tensor and t.device.type != "meta" or \
+        isinstance(t, torch.nn.Parameter) and t.device.type != "meta"
 
 
 def rates(q, k, v, backward: bool, masked: bool) -> tuple[int, int]:
@@ -100,7 +99,7 @@ def _sdpa_tally(q_at: int, mask_at, backward: bool, layout: str = "bhsd") -> Cal
     """A tally for an SDPA op whose query is argument ``q_at`` and mask argument (or kwarg
     name) ``mask_at``; ``layout`` "bshd" for the kernels that take [b, s, h, d]."""
 
-    def tally(rec, args, kwargs) -> None:
+    def tally(rec, args, kwargs, out) -> None:
         if isinstance(mask_at, str):
             mask = kwargs.get(mask_at) if kwargs else None
         else:
@@ -122,6 +121,77 @@ def _sdpa_tally(q_at: int, mask_at, backward: bool, layout: str = "bhsd") -> Cal
             found.add(masked_in(mask, total))
 
     return tally
+
+
+# -- attention written as plain ops -------------------------------------------------------
+# ``softmax(q @ k^T * scale + mask) @ v`` (transformers' eager attention, SDPA's math
+# fallback): a softmax over the last dim whose input has masked entries (as an additive mask
+# leaves them), right after a contraction that produced as many scores: the masked entries'
+# share of that contraction (d MACs each), of the softmax (its per-element cost), and of the
+# contraction that next consumes the probabilities (d_v MACs each). Forward only: the backward
+# ops of such attention stay dense. The state is per thread: a contraction's last record, and
+# the masked probabilities waiting for their consumer.
+class _Eager(threading.local):
+    def __init__(self):
+        self.scores = None  # (record, numel, last dim, contraction dim) of the last bmm
+        self.probs = None  # (storage pointer, numel, masked count) of a masked softmax
+
+
+_EAGER = _Eager()
+
+
+def _storage(t: Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _bmm_tally(rec, args, kwargs, out) -> None:
+    a, b = args[0], args[1]
+    if not _has_values(a) or a.dim() != 3:
+        _EAGER.scores = None
+        return
+    probs = _EAGER.probs
+    if probs is not None and a.numel() == probs[1] and _storage(a) == probs[0]:
+        _EAGER.probs = None
+        d_v = b.shape[-1]
+        found = rec[TALLY] if len(rec) > TALLY else None
+        if found is None:
+            rec.append(Tally(2 * d_v, d_v))
+            found = rec[TALLY]
+        found.add(probs[2])
+    _EAGER.scores = (rec, out.numel(), out.shape[-1], a.shape[-1])
+
+
+def _softmax_tally(rec, args, kwargs, out) -> None:
+    x, dim = args[0], args[1]
+    scores, _EAGER.scores = _EAGER.scores, None
+    if scores is None or not _has_values(x) or x.dim() < 2 or dim not in (-1, x.dim() - 1):
+        return
+    if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
+        return
+    with _disable_current_modes(), torch.no_grad():
+        masked = (x <= torch.finfo(x.dtype).min / 2).sum()
+    if not isinstance(masked, Tensor) or masked.device.type == "cpu" and not int(masked):
+        return
+    for target, rate in ((scores[0], (2 * scores[3], scores[3])),
+                         (rec, (ELEMENT_COSTS["softmax"], 0))):
+        found = target[TALLY] if len(target) > TALLY else None
+        if found is None:
+            target.append(Tally(*rate))
+            found = target[TALLY]
+        found.add(masked)
+    _EAGER.probs = (_storage(out), out.numel(), masked)
+
+
+def _follow_probs(rec, args, kwargs, out) -> None:
+    """A cast or dropout of masked probabilities: their consumer reads its output."""
+    probs = _EAGER.probs
+    if probs is None:
+        return
+    result = out[0] if isinstance(out, tuple) else out
+    a = args[0]
+    if isinstance(a, Tensor) and isinstance(result, Tensor) and _has_values(a) and \
+            a.numel() == probs[1] and _storage(a) == probs[0]:
+        _EAGER.probs = (_storage(result), result.numel(), probs[2])
 
 
 def _tallies() -> dict:
@@ -149,6 +219,11 @@ def _tallies() -> dict:
     add("_scaled_dot_product_cudnn_attention_backward", "default", _sdpa_tally(1, 8, True))
     add("_efficient_attention_forward", "default", _sdpa_tally(0, 3, False, "bshd"))
     add("_efficient_attention_backward", "default", _sdpa_tally(1, 4, True, "bshd"))
+    add("bmm", "default", _bmm_tally)
+    add("_softmax", "default", _softmax_tally)
+    add("_safe_softmax", "default", _softmax_tally)
+    add("_to_copy", "default", _follow_probs)
+    add("native_dropout", "default", _follow_probs)
     return found
 
 

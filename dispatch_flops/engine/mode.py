@@ -894,7 +894,7 @@ class CountingMode(TorchDispatchMode):
             except (_Exotic, RuntimeError, TypeError):
                 rec = self._exotic_record(key, resolved, acc, args, kwargs, out)
         if resolved.tally is not None:  # a mask's values: see engine.masks
-            resolved.tally(rec, args, kwargs)
+            resolved.tally(rec, args, kwargs, out)
         if runner is None:
             rec[0] += 1  # CALLS
         else:  # the runner counts the call and its time (NS), under a lock where it needs one
