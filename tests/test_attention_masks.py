@@ -390,3 +390,18 @@ def matrix(names=None) -> str:
 
 if __name__ == "__main__":
     print(matrix())
+
+
+def test_device_counts_are_kept_on_the_device_and_read_once():
+    """A count on a device other than the CPU is added as a tensor (never read per call);
+    ``read_all`` reads every tally's counts with one stack per device."""
+    from dispatch_flops.engine.masks import Tally, read_all
+
+    kept = Tally(1, 1)
+    kept.add(torch.tensor(3, device="meta"))
+    kept.add(torch.tensor(4, device="meta"))
+    assert isinstance(kept.masked, torch.Tensor) and kept.masked.device.type == "meta"
+    on_cpu, plain = Tally(1, 1), Tally(1, 1)
+    on_cpu.masked, on_cpu.skipped = torch.tensor(5), torch.tensor(7)  # as a device keeps them
+    plain.add(2, 1)
+    assert read_all([on_cpu, plain]) == [(5, 7), (2, 1)]

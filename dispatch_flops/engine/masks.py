@@ -46,8 +46,27 @@ class Tally:
             self.skipped = _plus(self.skipped, skipped)
 
     def read(self) -> tuple[int, int]:
-        """(masked pairs, skipped pairs) as ints: the one read of device counts."""
+        """(masked pairs, skipped pairs) as ints (``read_all`` reads many at once)."""
         return _int(self.masked), _int(self.skipped)
+
+
+def read_all(tallies: list) -> list[tuple[int, int]]:
+    """``Tally.read`` of each of ``tallies``, with one copy to the host per device (the
+    one read of device counts, when a counter's results are captured)."""
+    on_device: dict = {}  # device -> [(position, slot, tensor)]
+    out = [[0, 0] for _ in tallies]
+    for i, tally in enumerate(tallies):
+        for slot, n in enumerate((tally.masked, tally.skipped)):
+            if isinstance(n, Tensor):
+                on_device.setdefault(n.device, []).append((i, slot, n))
+            else:
+                out[i][slot] = int(n)
+    with _disable_current_modes(), torch.no_grad():
+        for parts in on_device.values():
+            values = torch.stack([t.reshape(()) for _, _, t in parts]).tolist()
+            for (i, slot, _), value in zip(parts, values):
+                out[i][slot] = int(value)
+    return [(masked, skipped) for masked, skipped in out]
 
     def reset(self) -> None:
         self.masked = self.skipped = 0

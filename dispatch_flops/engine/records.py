@@ -25,6 +25,7 @@ import weakref
 from operator import itemgetter
 from typing import Optional, Union
 
+from dispatch_flops.engine.masks import read_all
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
 from dispatch_flops.formulas.costs import CostTable
 from dispatch_flops.results import validate
@@ -267,8 +268,9 @@ class Captured:
         # untimed, no record holds a time: no second pass over them
         self.ns = list(map(_ns, records)) if timed else [0] * len(records)
         # {record index: (masked pairs, skipped pairs, Tally)}: device counts read here, once
-        self.tallies = {i: rec[TALLY].read() + (rec[TALLY],) for i, rec in enumerate(records)
-                        if len(rec) > TALLY}
+        tallied = [(i, rec[TALLY]) for i, rec in enumerate(records) if len(rec) > TALLY]
+        read = read_all([tally for _, tally in tallied]) if tallied else []
+        self.tallies = {i: counts + (tally,) for (i, tally), counts in zip(tallied, read)}
 
     @property
     def errors(self) -> tuple:
