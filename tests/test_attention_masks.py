@@ -405,3 +405,23 @@ def test_device_counts_are_kept_on_the_device_and_read_once():
     on_cpu.masked, on_cpu.skipped = torch.tensor(5), torch.tensor(7)  # as a device keeps them
     plain.add(2, 1)
     assert read_all([on_cpu, plain]) == [(5, 7), (2, 1)]
+
+
+@pytest.mark.parametrize("s", [300, 256])
+def test_block_counts_clip_the_last_block_to_the_sequence(s):
+    """A sequence that is not a multiple of the block size: the last blocks hold fewer pairs
+    (the BlockMask's own grid, clipped, by a loop), and the unmasked pairs inside the listed
+    blocks equal the naive loop's (a consistent mask lists every block holding one)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from dispatch_flops.engine import flex
+
+    allowed = documents([100, 60, s - 160])
+    table = mask_of(allowed, s)
+    block_mask = create_block_mask(lambda b, h, q, kv: table[q, kv], 1, 1, s, s,
+                                   device="cpu", BLOCK_SIZE=64)
+    parts = block_mask.as_tuple()
+    assert int(flex.computed_pairs(parts, 1, 2, s, s, "cpu")) == 2 * block_pairs(block_mask,
+                                                                                  s, s)
+    useful = flex.unmasked_pairs(parts, (), 1, 2, s, s, "cpu", blocks=True)
+    assert int(useful) == 2 * loop_pairs(allowed, s, s)
