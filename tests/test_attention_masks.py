@@ -425,3 +425,22 @@ def test_block_counts_clip_the_last_block_to_the_sequence(s):
                                                                                   s, s)
     useful = flex.unmasked_pairs(parts, (), 1, 2, s, s, "cpu", blocks=True)
     assert int(useful) == 2 * loop_pairs(allowed, s, s)
+
+
+def test_a_model_counted_again_starts_its_masked_pairs_from_zero():
+    """Counters on one model share its ledger: the next counter's masked pairs are its own
+    (the tallies are set back to zero with the calls), every step alike."""
+    m = mask_of(window(16), 64)
+
+    class Attend(torch.nn.Module):
+        def forward(self, x):
+            return F.scaled_dot_product_attention(x, x, x, attn_mask=m)
+
+    model, x = Attend(), torch.randn(1, 2, 64, D)
+    steps = []
+    for _ in range(3):
+        with FlopCounter(model) as fc:
+            model(x)
+        steps.append(fc)  # read after the next counter took the ledger
+    useful = 2 * loop_pairs(window(16), 64, 64) * 2 * D
+    assert [attention_stats(fc).model_macs for fc in steps] == [useful] * 3

@@ -49,6 +49,9 @@ class Tally:
         """(masked pairs, skipped pairs) as ints (``read_all`` reads many at once)."""
         return _int(self.masked), _int(self.skipped)
 
+    def reset(self) -> None:
+        self.masked = self.skipped = 0
+
 
 def read_all(tallies: list) -> list[tuple[int, int]]:
     """``Tally.read`` of each of ``tallies``, with one copy to the host per device (the
@@ -67,9 +70,6 @@ def read_all(tallies: list) -> list[tuple[int, int]]:
             for (i, slot, _), value in zip(parts, values):
                 out[i][slot] = int(value)
     return [(masked, skipped) for masked, skipped in out]
-
-    def reset(self) -> None:
-        self.masked = self.skipped = 0
 
 
 def _plus(total, n):
