@@ -94,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the model in train mode (dropout, batch-norm statistics); "
                              "default: eval mode unless --backward")
     parser.add_argument("--attention", choices=ATTENTION_MODES, default="dense",
-                        help="count all (query, key) pairs, or only causal ones")
+                        help="is_causal kernels: hardware flops over every (query, key) "
+                             "pair, or only the causal ones (model flops: causal either way)")
     parser.add_argument("--timing", action="store_true",
                         help="time every op and module: medians of --repeat runs after "
                              "--warmup untimed ones")

@@ -55,8 +55,13 @@ class FlopCounter(ProfileViews):
     >>> print(fc)  # the table
     >>> fc.to_profile()  # the result as data: every view below is the Profile's
 
-    ``attention="dense"`` (default) counts every (query, key) pair of attention;
-    ``attention="causal"`` counts only the unmasked pairs when ``is_causal=True``.
+    Attention has two figures (docs/conventions.md, "Hardware and model flops"): ``flops``
+    is what the kernels executed, ``model_flops`` (``Stats.model_flops``) leaves out the
+    pairs a mask made useless (``is_causal``, an ``attn_mask``, a FlexAttention
+    ``BlockMask``). ``attention="dense"`` (default) takes a kernel with ``is_causal=True`` to
+    compute every (query, key) pair (the hardware figure); ``attention="causal"`` takes it
+    to skip the masked ones exactly (hardware = model: the old way to count causal pairs,
+    which ``model_flops`` now gives whatever the option).
     ``timing=True`` also measures latency: two CUDA events on the op's own device and stream
     around every CUDA op that launches a kernel (pooled, folded as they complete, the rest
     after one synchronize per device when results are first read), ``perf_counter_ns`` for

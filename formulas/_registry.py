@@ -87,7 +87,8 @@ from torch._ops import OpOverload, OpOverloadPacket
 
 
 class Cost(NamedTuple):
-    """What one op call costs. ``flops`` includes the ``2 * macs``. ``bytes_read`` and
+    """What one op call costs. ``flops`` includes the ``2 * macs``; ``masked_flops`` and
+    ``masked_macs`` are the part of them a mask made useless (attention). ``bytes_read`` and
     ``bytes_written`` are ``None`` (the engine's rule: every tensor input read, every output
     written) unless the op touches only part of a tensor; see "Bytes" in the module's
     docstring."""
@@ -99,6 +100,10 @@ class Cost(NamedTuple):
     comm_bytes: int = 0  # bytes this rank puts on the wire (collectives only)
     # the collective's size S (NCCL-tests' algbw = S / time; collectives only)
     comm_alg_bytes: int = 0
+    # of flops / macs: the work spent on masked attention pairs (hardware minus model flops,
+    # docs/conventions.md); at most flops / macs
+    masked_flops: int = 0
+    masked_macs: int = 0
 
 
 ZERO_COST = Cost(0, 0)

@@ -7,10 +7,14 @@ Forward MACs = pairs * (d + d_v): scores q @ k^T, then probs @ v.
 Backward MACs = pairs * (3 d + 2 d_v): the fused kernels recompute q @ k^T, then
 grad_probs = grad_out @ v^T, grad_v = probs^T @ grad_out, grad_q = grad_s @ k,
 grad_k = grad_s^T @ q.
-``pairs`` is b * h_q * s_q * s_k (dense, the default), or with ``causal_unmasked_only`` and
-``is_causal`` only the unmasked (query, key) pairs of torch's top-left-aligned causal mask.
+``pairs`` is b * h_q * s_q * s_k: the kernels' hardware figure (dense). With ``is_causal``
+the pairs above torch's top-left-aligned causal diagonal are masked: their share is the
+``Cost``'s ``masked_flops`` / ``masked_macs`` (model flops count only the unmasked pairs).
+``causal_unmasked_only`` (the counter's old ``attention="causal"``) prices the hardware figure
+as the unmasked pairs too (a kernel taken to skip the masked half exactly).
 Non-MAC flops per pair: the scale, the softmax and (backward) its gradient, from ELEMENT_COSTS;
-an additive mask/bias adds one flop per pair.
+an additive mask/bias adds one flop per pair. A mask tensor's masked pairs are tensor values:
+the engine counts them (``engine.masks``), at the per-pair rate these formulas imply.
 """
 
 from __future__ import annotations
@@ -31,27 +35,41 @@ def attention_pairs(b: int, h: int, s_q: int, s_k: int, causal: bool) -> int:
     return b * h * (partial * (partial + 1) // 2 + full_rows * s_k)
 
 
-def attention_forward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
-    b, h, s_q, d = q
-    s_k, d_v = k[-2], v[-1]
-    pairs = attention_pairs(b, h, s_q, s_k, causal)
-    macs = pairs * (d + d_v)
+def pairs_cost(pairs: int, useful: int, macs_per_pair: int, flops_per_pair: int) -> Cost:
+    """The ``Cost`` of ``pairs`` (query, key) pairs computed, ``useful`` of them unmasked:
+    ``flops_per_pair`` counts the pair's non-MAC flops (its MACs are added twice)."""
+    rate = 2 * macs_per_pair + flops_per_pair
+    masked = pairs - useful
+    return Cost(pairs * rate, pairs * macs_per_pair, masked_flops=masked * rate,
+                masked_macs=masked * macs_per_pair)
+
+
+def _pairs(q, k, causal: bool, dense: bool) -> tuple[int, int]:
+    """(pairs computed, pairs unmasked) of a call: ``causal`` is the call's is_causal;
+    ``dense`` says the kernel computes the masked pairs too (see the module's docstring)."""
+    b, h, s_q = q[0], q[1], q[2]
+    s_k = k[-2]
+    useful = attention_pairs(b, h, s_q, s_k, causal)
+    return (attention_pairs(b, h, s_q, s_k, False) if dense else useful), useful
+
+
+def attention_forward_cost(q, k, v, *, causal: bool, masked: bool, dense: bool = True) -> Cost:
+    d, d_v = q[-1], v[-1]
+    pairs, useful = _pairs(q, k, causal, dense)
     per_pair = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"] + int(masked)
-    return Cost(2 * macs + pairs * per_pair, macs)
+    return pairs_cost(pairs, useful, d + d_v, per_pair)
 
 
-def attention_backward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
-    b, h, s_q, d = q
-    s_k, d_v = k[-2], v[-1]
-    pairs = attention_pairs(b, h, s_q, s_k, causal)
-    macs = pairs * (3 * d + 2 * d_v)
+def attention_backward_cost(q, k, v, *, causal: bool, masked: bool, dense: bool = True) -> Cost:
+    d, d_v = q[-1], v[-1]
+    pairs, useful = _pairs(q, k, causal, dense)
     per_pair = (
         ELEMENT_COSTS["attention_scale"]
         + ELEMENT_COSTS["softmax"]
         + ELEMENT_COSTS["softmax_backward"]
         + int(masked)
     )
-    return Cost(2 * macs + pairs * per_pair, macs)
+    return pairs_cost(pairs, useful, 3 * d + 2 * d_v, per_pair)
 
 
 def _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k):
@@ -73,7 +91,7 @@ def _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k):
 @register_formula([aten._scaled_dot_product_flash_attention_for_cpu])
 def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, out_shape, attn_mask=None,
                    scale=None, causal_unmasked_only=False) -> Cost:
-    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                   masked=attn_mask is not None)
 
 
@@ -82,14 +100,15 @@ def sdpa_flash(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape,
                causal_unmasked_only=False, **kw) -> Cost:
     if not isinstance(is_causal, bool):  # .quantized: three descale tensors precede dropout_p
         is_causal = args[2] if len(args) > 2 else kw.get("is_causal", False)
-    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only, masked=False)
+    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
+                                  masked=False)
 
 
 @register_formula([aten._scaled_dot_product_efficient_attention,
                    aten._scaled_dot_product_cudnn_attention])
 def sdpa_with_bias(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
                    *args, out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                   masked=attn_bias is not None)
 
 
@@ -98,7 +117,7 @@ def sdpa_with_bias(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_cau
 def sdpa_generic(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args, out_shape,
                  causal_unmasked_only=False, **kw) -> Cost:
     # the composite entry points reach the mode only under inference_mode
-    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                   masked=attn_mask is not None)
 
 
@@ -106,7 +125,8 @@ def sdpa_generic(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args,
 def flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                             *args, out_shape, causal_unmasked_only=False, **kw) -> Cost:
     q, k, v = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
-    return attention_forward_cost(q, k, v, causal=is_causal and causal_unmasked_only, masked=False)
+    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
+                                  masked=False)
 
 
 @register_formula(aten._efficient_attention_forward)
@@ -114,8 +134,9 @@ def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_s
                                 max_seqlen_k, dropout_p, custom_mask_type, *args, out_shape,
                                 causal_unmasked_only=False, **kw) -> Cost:
     q, k, v = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    causal = custom_mask_type != 0 and causal_unmasked_only
-    return attention_forward_cost(q, k, v, causal=causal, masked=bias is not None)
+    causal = custom_mask_type != 0
+    return attention_forward_cost(q, k, v, causal=causal, masked=bias is not None,
+                                  dense=not causal_unmasked_only)
 
 
 # ---- backward ------------------------------------------------------------------------------
@@ -125,7 +146,7 @@ def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_s
 def sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
                             out_shape, attn_mask=None, scale=None,
                             causal_unmasked_only=False) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                    masked=attn_mask is not None)
 
 
@@ -133,7 +154,7 @@ def sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_cau
 def sdpa_flash_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                         dropout_p, is_causal, *args, out_shape, causal_unmasked_only=False,
                         **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                    masked=False)
 
 
@@ -141,7 +162,7 @@ def sdpa_flash_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k,
 def sdpa_efficient_backward(grad_out, q, k, v, attn_bias, out, logsumexp, philox_seed,
                             philox_offset, dropout_p, grad_input_mask, is_causal=False, *,
                             out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                    masked=attn_bias is not None)
 
 
@@ -149,7 +170,7 @@ def sdpa_efficient_backward(grad_out, q, k, v, attn_bias, out, logsumexp, philox
 def sdpa_cudnn_backward(grad_out, q, k, v, out, logsumexp, philox_seed, philox_offset,
                         attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *,
                         out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                    masked=attn_bias is not None)
 
 
@@ -157,7 +178,7 @@ def sdpa_cudnn_backward(grad_out, q, k, v, out, logsumexp, philox_seed, philox_o
 def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
                                cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *args,
                                out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                    masked=attn_bias is not None)
 
 
@@ -166,7 +187,7 @@ def flash_attention_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_s
                              max_k, dropout_p, is_causal, *args, out_shape,
                              causal_unmasked_only=False, **kw) -> Cost:
     q, k, v = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
-    return attention_backward_cost(q, k, v, causal=is_causal and causal_unmasked_only,
+    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
                                    masked=False)
 
 
@@ -176,5 +197,6 @@ def efficient_attention_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_
                                  philox_offset, custom_mask_type, *args, out_shape,
                                  causal_unmasked_only=False, **kw) -> Cost:
     q, k, v = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    causal = custom_mask_type != 0 and causal_unmasked_only
-    return attention_backward_cost(q, k, v, causal=causal, masked=bias is not None)
+    causal = custom_mask_type != 0
+    return attention_backward_cost(q, k, v, causal=causal, masked=bias is not None,
+                                  dense=not causal_unmasked_only)

@@ -62,7 +62,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
-from dispatch_flops.engine import facts
+from dispatch_flops.engine import facts, flex
 from dispatch_flops.engine.records import CALLS, NS
 from dispatch_flops.engine.tracker import Frame, ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT
@@ -114,21 +114,27 @@ class _Priced:
     backward, and the frames whose module calls it makes. Kept by the graph for as long as
     the ledger lives (``Graph.priced``): it holds no reference to the ledger itself."""
 
-    __slots__ = ("forward", "backward", "calls")
+    __slots__ = ("forward", "backward", "calls", "tallies")
 
-    def __init__(self, forward, backward, calls):
+    def __init__(self, forward, backward, calls, tallies=()):
         self.forward = forward
         self.backward = backward
         self.calls = calls
+        # flex calls whose masked (and skipped) pairs each run counts from its inputs
+        # (engine.flex.RunTally), forward and backward
+        self.tallies = tallies
 
 
 class Graph:
     """A compiled graph as dynamo calls it: runs ``compiled`` (what the backend returned),
     counted by every counter active on this thread."""
 
-    def __init__(self, gm, compiled):
+    def __init__(self, gm, compiled, block_sparse: bool = False):
         self.gm = gm
         self.compiled = compiled
+        # the backend lowers flex attention to a block-sparse kernel (inductor); other
+        # backends run the operator's dense math (engine.flex)
+        self.block_sparse = block_sparse
         # dynamic shapes: input shapes are part of what is priced
         self.dynamic = any(_symbolic(n.meta.get("example_value"))
                            for n in gm.graph.nodes if n.op == "placeholder")
@@ -172,6 +178,9 @@ class Graph:
         for _mode, tracker, priced in runs:
             for rec, n in priced.forward:
                 rec[CALLS] += n
+            for tally in priced.tallies:
+                if not tally.backward:
+                    tally(args)
             for frame, n in priced.calls:
                 frame.calls += n
             graphs = _graph_runs(tracker)
@@ -198,7 +207,8 @@ class Graph:
             for mode, tracker, priced in runs:
                 _sink_backward(tracker, first, last)
                 if priced.backward:
-                    _add_on_backward(nodes, mode, tracker, priced.backward)
+                    _add_on_backward(nodes, mode, tracker, priced.backward,
+                                     [t for t in priced.tallies if t.backward], args)
         return out
 
     def _renames(self, tracker, args) -> dict:
@@ -232,6 +242,9 @@ class Graph:
             fake_mode.cache_enabled = False
             fake = [fake_mode.from_tensor(a) if isinstance(a, Tensor) else a for a in args]
         frames = _FrameMap(tracker, state[0], self._renames(tracker, args))
+        pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
+                               self.block_sparse)
+        flex.PRICING.append(pricing)
         try:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else _nullcontext():
@@ -248,6 +261,7 @@ class Graph:
                                  for o in outs]
                     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
         finally:
+            flex.PRICING.remove(pricing)
             tracker.current, mode.forward_acc = state[0], state[1]
             del tracker.boundary_seqs[state[2]:]
             del tracker.boundary_frames[state[2]:]
@@ -275,7 +289,7 @@ class Graph:
                 backward.append((rec, after[i] - mid))
             rec[CALLS] = was  # the pricing run counts nothing itself
             rec[NS] = ns0[i] if i < len(ns0) else 0
-        return _Priced(forward, backward, list(frames.calls.items()))
+        return _Priced(forward, backward, list(frames.calls.items()), pricing.tallies)
 
 
 class Without:
@@ -370,9 +384,10 @@ def _nodes_made(out, first: int, last: int) -> list:
     return nodes
 
 
-def _add_on_backward(nodes, mode, tracker, backward) -> None:
+def _add_on_backward(nodes, mode, tracker, backward, tallies=(), args=()) -> None:
     """Add ``backward`` to the records when autograd first runs one of ``nodes`` (while the
-    same counter still counts)."""
+    same counter still counts), and the backward flex calls' masked pairs (``tallies``,
+    from the forward's ``args``)."""
     done: list[bool] = []
 
     def hook(*_):
@@ -380,6 +395,8 @@ def _add_on_backward(nodes, mode, tracker, backward) -> None:
             done.append(True)
             for rec, n in backward:
                 rec[CALLS] += n
+            for tally in tallies:
+                tally(args)
 
     for node in nodes:
         node.register_prehook(hook)
@@ -650,7 +667,10 @@ def _wrap_compiler() -> None:
             compiled = original(self, gm, *args, **kwargs)
             if getattr(self, "export", False):
                 return compiled
-            return Graph(gm, compiled)
+            backend = getattr(self, "compiler_fn", None)
+            backend = getattr(backend, "compiler_name", None) or getattr(backend, "__name__",
+                                                                         None)
+            return Graph(gm, compiled, block_sparse=backend == "inductor")
 
         vars(call_user_compiler)["__wrapped__"] = original  # not a typed function attribute
         # a private torch class's method, patched: mypy flags any assignment to a method

@@ -28,6 +28,8 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils.weak import WeakIdKeyDictionary
 
+from dispatch_flops.engine import flex as _flex
+from dispatch_flops.engine.masks import tally_of
 from dispatch_flops.engine.records import (
     CALLS,
     NS,
@@ -497,7 +499,7 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "with_group_size", "group_arg", "with_group_rank")
+                 "signed", "with_group_size", "group_arg", "with_group_rank", "tally")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
                  out_in_signature, with_layouts=False, with_group_size=False,
@@ -532,6 +534,9 @@ class _Resolved:
         # for a composite op (seen whole under inference_mode): prices a call by counting
         # its decomposition (``CountingMode._decomposed``); None for every other op
         self.decompose = None
+        # counts the masked (query, key) pairs of an attention op's mask tensor into the
+        # call's record (``engine.masks``); None for every op that takes no mask
+        self.tally = tally_of(func)
 
     def unpriced(self) -> "_Resolved":
         """The same op, for calls no formula can price: unsupported (bytes counted)."""
@@ -662,6 +667,32 @@ class CountingMode(TorchDispatchMode):
                 frame = frame.f_back
         if frame is None or not known:
             self._in_step = tracker.check_steps(caller)
+
+    guarded = False  # counts only while its block's frame runs (GuardedCountingMode)
+
+    def current_acc(self) -> Optional[dict]:
+        """The accumulator an op run now counts into, as the hot path finds it (inlined
+        there): for calls that reach the mode outside ``__torch_dispatch__`` (the flex
+        operators, ``engine.flex``). None when the mode is not bound to a tracker."""
+        if self.tracker is None:
+            return None
+        node = _current_node()
+        if node is None or self.recomputing:
+            return self.forward_acc
+        seq = node._sequence_nr()
+        if seq == _ACCUMULATE_GRAD_SEQ:
+            return self.tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
+        frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
+        phase = _NODE_PHASE.get(node.__class__)
+        acc = frame.acc[phase if phase is not None else node_phase(node)]
+        hooks = _top_saved_tensors_hooks(False)
+        if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
+            acc = self._recompute_acc(hooks[0], seq)
+        return acc
+
+    def book(self, rec: list) -> None:
+        """Keep a record made outside the hot path in the ledger's book (see ``bind``)."""
+        self._book.append(rec)
 
     def _recompute_acc(self, hook, seq: int) -> dict:
         """Where an op that non-reentrant checkpointing re-runs outside any module call goes:
@@ -1030,6 +1061,8 @@ class CountingMode(TorchDispatchMode):
                     self._book.append(rec)
             except (_Exotic, RuntimeError, TypeError):
                 rec = self._exotic_record(key, resolved, acc, args, kwargs, out)
+        if resolved.tally is not None:  # a mask's values: see engine.masks
+            resolved.tally(rec, args, kwargs, out)
         if runner is None:
             rec[0] += 1  # CALLS
         else:  # the runner counts the call and its time (NS), under a lock where it needs one
@@ -1121,6 +1154,8 @@ class GuardedCountingMode(CountingMode):
     generator's consumer) runs under this mode too; those ops are run, not counted (see
     ``ModuleTracker.sees``)."""
 
+    guarded = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         tracker = self.tracker
         assert tracker is not None  # a mode counts only while bound to its tracker
@@ -1166,6 +1201,9 @@ def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None
     for m in reversed(above):
         _push_mode(m)
 
+
+# FlexAttention's operators reach the modes as themselves: counted whole (engine.flex)
+_flex.install(CountingMode, GuardedCountingMode)
 
 if _SKIP_FRAMES is not None:
     _SKIP_FRAMES(CountingMode.__torch_dispatch__.__code__)

@@ -25,6 +25,7 @@ import weakref
 from operator import itemgetter
 from typing import Optional, Union
 
+from dispatch_flops.engine.masks import read_all
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
 from dispatch_flops.formulas.costs import CostTable
 from dispatch_flops.results import validate
@@ -32,7 +33,11 @@ from dispatch_flops.results.rows import ROW, RowKey
 from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
 CALLS, NS, SIGNATURE = range(3)
+TALLY = 3  # the masked pairs of an op that reads a mask (engine.masks.Tally), when present
 _FLOPS = PRICED.index("flops")
+# where a tally's figures go in a row's counts (ROW: calls, then PRICED, then ns)
+_ROW_FLOPS, _ROW_MACS = ROW.index("flops"), ROW.index("macs")
+_ROW_MASKED_FLOPS, _ROW_MASKED_MACS = ROW.index("masked_flops"), ROW.index("masked_macs")
 
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
@@ -142,7 +147,11 @@ def unit_of(cost, bytes_read: int, bytes_written: int, where: str) -> tuple:
               "macs": _count("macs", cost.macs, where),
               "bytes_read": bytes_read, "bytes_written": bytes_written,
               "comm_bytes": _count("comm_bytes", cost.comm_bytes, where),
-              "comm_alg_bytes": _count("comm_alg_bytes", cost.comm_alg_bytes, where)}
+              "comm_alg_bytes": _count("comm_alg_bytes", cost.comm_alg_bytes, where),
+              "masked_flops": _count("masked_flops", cost.masked_flops, where),
+              "masked_macs": _count("masked_macs", cost.masked_macs, where)}
+    if values["masked_flops"] > values["flops"] or values["masked_macs"] > values["macs"]:
+        raise PricingError(f"{where}: masked work exceeds the work ({cost!r})")
     return tuple(values[name] for name in PRICED)
 
 
@@ -251,7 +260,7 @@ class Captured:
     """A ledger's counts as they were when captured, with the layout that reads them: cheap
     to take (columns copied in C), summed into rows only when read (``rows``)."""
 
-    __slots__ = ("layout", "calls", "ns")
+    __slots__ = ("layout", "calls", "ns", "tallies")
 
     def __init__(self, ledger, resolutions: dict, timed: bool = True):
         records = ledger.records
@@ -262,6 +271,10 @@ class Captured:
         self.calls = list(map(_calls, records))
         # untimed, no record holds a time: no second pass over them
         self.ns = list(map(_ns, records)) if timed else [0] * len(records)
+        # {record index: (masked pairs, skipped pairs, Tally)}: device counts read here, once
+        tallied = [(i, rec[TALLY]) for i, rec in enumerate(records) if len(rec) > TALLY]
+        read = read_all([tally for _, tally in tallied]) if tallied else []
+        self.tallies = {i: counts + (tally,) for (i, tally), counts in zip(tallied, read)}
 
     @property
     def errors(self) -> tuple:
@@ -274,7 +287,7 @@ class Captured:
         met; rows that counted nothing are left out. Counts equal to the layout's last rows'
         give those rows again (the same tuple)."""
         layout, calls, ns = self.layout, self.calls, self.ns
-        memo = (calls, ns)
+        memo = (calls, ns, {i: t[:2] for i, t in self.tallies.items()})
         if layout.memo is not None and layout.memo[0] == memo:
             return layout.memo[1]
         units = layout.units
@@ -291,6 +304,13 @@ class Captured:
             for j, per_call in enumerate(units[i], 1):
                 total[j] += n * per_call
             total[-1] += ns[i]
+            found = self.tallies.get(i)
+            if found is not None:
+                masked, skipped, tally = found
+                total[_ROW_FLOPS] -= skipped * tally.flops_rate
+                total[_ROW_MACS] -= skipped * tally.macs_rate
+                total[_ROW_MASKED_FLOPS] += masked * tally.flops_rate
+                total[_ROW_MASKED_MACS] += masked * tally.macs_rate
         rows = tuple((layout.keys[r], tuple(t)) for r, t in enumerate(totals) if t is not None)
         layout.memo = (memo, rows)
         return rows

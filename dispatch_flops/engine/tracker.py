@@ -310,6 +310,9 @@ class Ledger:
         deque(map(setitem, records, repeat(CALLS, n), repeat(0, n)), maxlen=0)
         if any(map(_ns, records)):
             deque(map(setitem, records, repeat(NS, n), repeat(0, n)), maxlen=0)
+        for rec in records:
+            if len(rec) > 3:  # a mask's tally (engine.masks.TALLY)
+                rec[3].reset()
         for frame in self.frames:
             frame.calls = 0
             frame.span[0] = 0

@@ -77,13 +77,15 @@ class ProfileViews:
         return dict(p.memo("phases", lambda: {phase: of(phase) for phase in PHASES}))
 
     def model_flops(self) -> int:
-        """Forward + backward flops: what the model needs, recompute and optimizer not
-        included (the numerator of MFU)."""
+        """Forward + backward flops the model needs: recompute and optimizer not included,
+        nor the masked attention pairs the kernels computed (``Stats.masked_flops``); the
+        numerator of MFU (docs/conventions.md, "Hardware and model flops")."""
         phases = self.by_phase()
-        return sum(phases[p].flops for p in MODEL_PHASES)
+        return sum(phases[p].model_flops for p in MODEL_PHASES)
 
     def hardware_flops(self) -> int:
-        """Every flop executed: forward, backward, recompute and optimizer (that of HFU)."""
+        """Every flop executed: forward, backward, recompute and optimizer, masked attention
+        pairs the kernels computed included (that of HFU)."""
         return self.total.flops
 
     def by_operator(self, phase: Optional[str] = None) -> dict[str, Stats]:
@@ -250,9 +252,10 @@ class ProfileViews:
         (its first floating-point argument's: bf16, fp16, fp8, fp32; fp32 contractions at
         the tf32 peak when ``torch.backends.cuda.matmul.allow_tf32`` was on), so a run
         mixing dtypes is divided fairly; ``dtype=`` divides every flop by that one dtype's
-        peak instead. ``flops="contraction"`` (default): 2 x MACs, the field's model flops
-        (PaLM, Megatron, torchtitan count the contractions); ``flops="all"``:
-        ``model_flops()``, every op's arithmetic (element-wise work too). ``ValueError`` on
+        peak instead. ``flops="contraction"`` (default): 2 x model MACs, the field's model
+        flops (PaLM, Megatron, torchtitan count the contractions); ``flops="all"``:
+        ``model_flops()``, every op's arithmetic (element-wise work too). Both leave out the
+        masked attention pairs (``Stats.model_macs``, ``model_flops``). ``ValueError`` on
         an untimed run, an unknown device (pass ``device=DeviceSpec(...)``) or a dtype the
         device has no peak for; ``mfu_text`` says which instead of raising. A figure above 1
         (100 %) is impossible: it comes with a ``UtilisationWarning`` naming the likely

@@ -379,7 +379,7 @@ def _checked_row(r: dict, keep: Callable) -> Row:
 
 
 # counts files written before them lack (read as 0)
-_LATER_COUNTS = ("comm_bytes", "comm_alg_bytes")
+_LATER_COUNTS = ("comm_bytes", "comm_alg_bytes", "masked_flops", "masked_macs")
 # what from_dict reads, and how each field is checked: (check, required); a reader ignores
 # keys it does not know (docs/schema.md), so those are not checked
 _STATS = validate.obj({**{c: (validate.count, c not in _LATER_COUNTS) for c in COUNTS},

@@ -90,7 +90,13 @@ class Stats:
     docs/conventions.md: ``comm_bytes / time`` is NCCL-tests' busbw), ``comm_alg_bytes``
     their sizes ``S`` (``comm_alg_bytes / time`` is NCCL-tests' algbw; torch.profiler's
     message sizes). ``latency_s`` is the measured time in seconds when timing was on,
-    ``None`` when it was off."""
+    ``None`` when it was off.
+
+    ``flops`` and ``macs`` are hardware figures: what the kernels executed. ``masked_flops``
+    and ``masked_macs`` are the part of them spent on masked (query, key) pairs of attention
+    (a causal, sliding-window or document mask computed densely, a BlockMask's partial
+    blocks): work that ran but that the model does not need. ``model_flops`` /
+    ``model_macs`` are the rest (docs/conventions.md, "Hardware and model flops")."""
 
     calls: int = 0
     flops: int = 0
@@ -99,6 +105,8 @@ class Stats:
     bytes_written: int = 0
     comm_bytes: int = 0
     comm_alg_bytes: int = 0
+    masked_flops: int = 0  # of ``flops``: spent on masked attention pairs
+    masked_macs: int = 0  # of ``macs``: likewise
     latency_s: Optional[float] = None
 
     def __add__(self, other: "Stats") -> "Stats":
@@ -112,6 +120,16 @@ class Stats:
         """Stats from integer ``counts`` in ``COUNTS`` order and ``ns`` of measured time
         (``latency_s`` stays ``None`` unless ``timed``)."""
         return cls(*counts, ns / 1e9 if timed else None)  # type: ignore[call-arg]
+
+    @property
+    def model_flops(self) -> int:
+        """Flops the model needs: ``flops`` less the masked attention pairs' share."""
+        return self.flops - self.masked_flops
+
+    @property
+    def model_macs(self) -> int:
+        """MACs the model needs: ``macs`` less the masked attention pairs' share."""
+        return self.macs - self.masked_macs
 
     @property
     def bytes(self) -> int:

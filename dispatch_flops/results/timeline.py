@@ -30,3 +30,7 @@ class TraceEvent:
     bytes_written: int = 0
     comm_bytes: int = 0  # a collective's bytes on the wire
     comm_alg_bytes: int = 0  # a collective's size S (NCCL-tests' algbw = S / time)
+    # masked attention pairs' share of flops / macs, as the call's signature prices them (a
+    # mask tensor's pairs, counted on the device, are in the Profile's rows, not per call)
+    masked_flops: int = 0
+    masked_macs: int = 0

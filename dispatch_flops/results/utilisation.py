@@ -123,18 +123,20 @@ def roofline_by_module(profile: Profile, device: Optional[DeviceSpec], dtype
     return {name: spec.roofline(m.inclusive, dtype) for name, m in profile.by_module().items()}
 
 
-def flops_by_dtype(profile: Profile, phases: Sequence[str], flops: str
+def flops_by_dtype(profile: Profile, phases: Sequence[str], flops: str, model: bool = False
                    ) -> dict[tuple[Optional[str], bool], int]:
     """``{(dtype, contraction): flops}`` of ``phases``: ``contraction`` for rows of ops with
-    MACs."""
+    MACs. ``model``: less the masked attention pairs' share (model flops, MFU's numerator;
+    HFU's is what the kernels executed)."""
     flops_figure(flops)
     macs = ROW.index("macs")
     index = macs if flops == "contraction" else ROW.index("flops")
+    masked = ROW.index("masked_macs" if flops == "contraction" else "masked_flops")
     scale = 2 if flops == "contraction" else 1
     out: dict[tuple[Optional[str], bool], int] = {}
     for key, counts in profile.rows:
         if key.phase in phases:
-            n = scale * counts[index]
+            n = scale * (counts[index] - counts[masked] if model else counts[index])
             if n:
                 part = (key.dtype, counts[macs] > 0)
                 out[part] = out.get(part, 0) + n
@@ -186,7 +188,7 @@ def utilisation(profile: Profile, what: str, phases: Sequence[str],
     if not wall_s:
         raise ValueError(f"{what} needs a finished, timed block: read it after the block")
     spec = device_of(profile, device)
-    by_dtype = flops_by_dtype(profile, phases, flops)
+    by_dtype = flops_by_dtype(profile, phases, flops, model=what == "mfu")
     per_peak: dict[str, int] = {}
     if dtype is not None:  # one peak for every flop, as asked
         per_peak[dtype_name(dtype)] = sum(by_dtype.values())

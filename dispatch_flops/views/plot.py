@@ -27,9 +27,10 @@ from dispatch_flops.results.roofline import (
 )
 from dispatch_flops.results.stats import PHASES, ROOT, Stats, depth_of
 
-METRICS = ("flops", "macs", "bytes", "latency_s")
+METRICS = ("flops", "macs", "bytes", "latency_s", "model_flops")
 _METRIC_LABEL = {"flops": "FLOPs", "macs": "MACs", "bytes": "Bytes moved (read + written)",
-                 "latency_s": "Latency"}
+                 "latency_s": "Latency",
+                 "model_flops": "Model FLOPs (masked attention pairs left out)"}
 _PHASE_COLOR = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
                 "recompute": "#C44E52", "other": "#8C8C8C"}
 

@@ -107,6 +107,10 @@ COLUMNS: tuple = (
     Column("params", "Params", "Params", 7, lambda run, name, m: human(m.params)),
     Column("macs", "MACs", "MACs", 8, lambda run, name, m: human(m.macs)),
     Column("flops", "FLOPs", "FLOPs", 1, lambda run, name, m: human(m.flops)),
+    # masked attention pairs were computed: the flops the model needed (docs/conventions.md)
+    Column("model_flops", "Model FLOPs", "Model", 2,
+           lambda run, name, m: human(m.inclusive.model_flops),
+           lambda run: run.profile.total.masked_flops > 0),
     _phase_column(FORWARD, 9),
     _phase_column(BACKWARD, 9),
     _phase_column(OPTIMIZER, 12),
@@ -322,9 +326,13 @@ def _footer(counter, by_phase, names: list, modules: dict) -> list:
     if counter.has_model and any(not modules[n].calls for n in names if n != ROOT):
         lines.append(f"Calls {NEVER_CALLED}: a container never called itself (ModuleList); "
                      "its figures are its children's")
-    if any(by_phase[p].calls for p in PHASES if p not in MODEL_PHASES):
+    if any(by_phase[p].calls for p in PHASES if p not in MODEL_PHASES) or \
+            counter.total.masked_flops:
         lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
+    if counter.total.masked_flops:
+        lines.append(f"Masked attention pairs computed: {human(counter.total.masked_flops)} "
+                     "flops (FLOPs count them; model flops and MFU do not)")
     if by_phase[OTHER].calls:
         lines.append("Other: ops run while none of the model's modules ran (a loss after the "
                      "model, gradient clipping) and their backward")

@@ -1,0 +1,254 @@
+"""Masked attention pairs read from tensors: the values no formula sees.
+
+A formula prices an attention call from shapes: every (query, key) pair the kernel computes
+(the hardware figure). Which of those pairs a mask makes useless is a tensor's values: a
+boolean or additive ``attn_mask`` given to SDPA, a FlexAttention ``BlockMask`` and its
+``mask_mod``. For the ops that take one (``TALLIES``) the mode hands each call to a *tally*,
+which counts the call's masked pairs (and, for a block-sparse kernel, the pairs it skipped)
+into the record's ``Tally`` (``rec[TALLY]``). On a CUDA tensor the counts stay on the device
+(a tensor added to, never read per call: no host sync); they are read once, when the
+counter's results are captured (``Tally.read``). Fake and meta tensors have no values: their
+calls keep the formula's figures (docs/conventions.md, "Hardware and model flops").
+
+A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`` /
+``masked_macs`` of the record grow by masked pairs x the rate; skipped pairs come off
+``flops`` / ``macs`` (a kernel that never computed them).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import _disable_current_modes
+
+from dispatch_flops.formulas import ELEMENT_COSTS
+
+TALLY = 3  # a record's fourth slot, present on the records of ops that read masks
+
+
+class Tally:
+    """A record's masked and skipped pairs, and what one pair costs (flops, MACs)."""
+
+    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate")
+
+    def __init__(self, flops_rate: int, macs_rate: int):
+        self.masked: object = 0  # an int, or a 0-d int64 tensor on the mask's device
+        self.skipped: object = 0
+        self.flops_rate = flops_rate
+        self.macs_rate = macs_rate
+
+    def add(self, masked, skipped=0) -> None:
+        self.masked = _plus(self.masked, masked)
+        if not (isinstance(skipped, int) and skipped == 0):
+            self.skipped = _plus(self.skipped, skipped)
+
+    def read(self) -> tuple[int, int]:
+        """(masked pairs, skipped pairs) as ints (``read_all`` reads many at once)."""
+        return _int(self.masked), _int(self.skipped)
+
+    def reset(self) -> None:
+        self.masked = self.skipped = 0
+
+
+def read_all(tallies: list) -> list[tuple[int, int]]:
+    """``Tally.read`` of each of ``tallies``, with one copy to the host per device (the
+    one read of device counts, when a counter's results are captured)."""
+    on_device: dict = {}  # device -> [(position, slot, tensor)]
+    out = [[0, 0] for _ in tallies]
+    for i, tally in enumerate(tallies):
+        for slot, n in enumerate((tally.masked, tally.skipped)):
+            if isinstance(n, Tensor):
+                on_device.setdefault(n.device, []).append((i, slot, n))
+            else:
+                out[i][slot] = int(n)
+    with _disable_current_modes(), torch.no_grad():
+        for parts in on_device.values():
+            values = torch.stack([t.reshape(()) for _, _, t in parts]).tolist()
+            for (i, slot, _), value in zip(parts, values):
+                out[i][slot] = int(value)
+    return [(masked, skipped) for masked, skipped in out]
+
+
+def _plus(total, n):
+    if isinstance(n, Tensor):
+        if n.device.type == "cpu":
+            return total + int(n)
+        n = n.to(torch.int64)
+        return n if isinstance(total, int) and total == 0 else total + n
+    return total + n
+
+
+def _int(n) -> int:
+    return int(n.item()) if isinstance(n, Tensor) else int(n)
+
+
+def _has_values(t) -> bool:
+    """Whether ``t`` holds values that can be read (a plain tensor, not fake, not meta)."""
+    return type(t) is Tensor and t.device.type != "meta" or \
+        isinstance(t, torch.nn.Parameter) and t.device.type != "meta"
+
+
+def rates(q, k, v, backward: bool, masked: bool) -> tuple[int, int]:
+    """(flops, MACs) of one (query, key) pair, as ``formulas.attention`` prices it."""
+    d, d_v = q[-1], v[-1]
+    per_pair = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"] + int(masked)
+    macs = d + d_v
+    if backward:
+        per_pair += ELEMENT_COSTS["softmax_backward"]
+        macs = 3 * d + 2 * d_v
+    return 2 * macs + per_pair, macs
+
+
+def masked_in(mask: Tensor, total: int):
+    """Masked pairs of ``mask`` broadcast over ``total`` pairs: a boolean mask masks where
+    False; an additive one where -inf or at most half the dtype's lowest value (the stand-in
+    for -inf that transformers and others add)."""
+    if mask.dtype == torch.bool:
+        count = mask.numel() - mask.sum()
+    else:
+        limit = torch.finfo(mask.dtype).min / 2 if mask.dtype.is_floating_point else 0
+        count = (mask <= limit).sum()
+    return count * (total // mask.numel()) if mask.numel() else 0
+
+
+def _sdpa_tally(q_at: int, mask_at, backward: bool, layout: str = "bhsd") -> Callable:
+    """A tally for an SDPA op whose query is argument ``q_at`` and mask argument (or kwarg
+    name) ``mask_at``; ``layout`` "bshd" for the kernels that take [b, s, h, d]."""
+
+    def tally(rec, args, kwargs, out) -> None:
+        if isinstance(mask_at, str):
+            mask = kwargs.get(mask_at) if kwargs else None
+        else:
+            mask = args[mask_at] if len(args) > mask_at else None
+        if mask is None or not _has_values(mask):
+            return
+        q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
+        qs, ks, vs = q.shape, k.shape, v.shape
+        if layout == "bshd":
+            qs, ks = (qs[0], qs[2], qs[1], qs[3]), (ks[0], ks[2], ks[1], ks[3])
+        if len(qs) != 4:
+            return
+        total = qs[0] * qs[1] * qs[2] * ks[-2]
+        found = rec[TALLY] if len(rec) > TALLY else None
+        if found is None:
+            rec.append(Tally(*rates(qs, ks, vs, backward, True)))
+            found = rec[TALLY]
+        with _disable_current_modes(), torch.no_grad():
+            found.add(masked_in(mask, total))
+
+    return tally
+
+
+# -- attention written as plain ops -------------------------------------------------------
+# ``softmax(q @ k^T * scale + mask) @ v`` (transformers' eager attention, SDPA's math
+# fallback): a softmax over the last dim whose input has masked entries (as an additive mask
+# leaves them), right after a contraction that produced as many scores: the masked entries'
+# share of that contraction (d MACs each), of the softmax (its per-element cost), and of the
+# contraction that next consumes the probabilities (d_v MACs each). Forward only: the backward
+# ops of such attention stay dense. The state is per thread: a contraction's last record, and
+# the masked probabilities waiting for their consumer.
+class _Eager(threading.local):
+    def __init__(self):
+        self.scores = None  # (record, numel, last dim, contraction dim) of the last bmm
+        self.probs = None  # (storage pointer, numel, masked count) of a masked softmax
+
+
+_EAGER = _Eager()
+
+
+def _storage(t: Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _bmm_tally(rec, args, kwargs, out) -> None:
+    a, b = args[0], args[1]
+    if not _has_values(a) or a.dim() != 3:
+        _EAGER.scores = None
+        return
+    probs = _EAGER.probs
+    if probs is not None and a.numel() == probs[1] and _storage(a) == probs[0]:
+        _EAGER.probs = None
+        d_v = b.shape[-1]
+        found = rec[TALLY] if len(rec) > TALLY else None
+        if found is None:
+            rec.append(Tally(2 * d_v, d_v))
+            found = rec[TALLY]
+        found.add(probs[2])
+    _EAGER.scores = (rec, out.numel(), out.shape[-1], a.shape[-1])
+
+
+def _softmax_tally(rec, args, kwargs, out) -> None:
+    x, dim = args[0], args[1]
+    scores, _EAGER.scores = _EAGER.scores, None
+    if scores is None or not _has_values(x) or x.dim() < 2 or dim not in (-1, x.dim() - 1):
+        return
+    if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
+        return
+    with _disable_current_modes(), torch.no_grad():
+        masked = (x <= torch.finfo(x.dtype).min / 2).sum()
+    if not isinstance(masked, Tensor) or masked.device.type == "cpu" and not int(masked):
+        return
+    for target, rate in ((scores[0], (2 * scores[3], scores[3])),
+                         (rec, (ELEMENT_COSTS["softmax"], 0))):
+        found = target[TALLY] if len(target) > TALLY else None
+        if found is None:
+            target.append(Tally(*rate))
+            found = target[TALLY]
+        found.add(masked)
+    _EAGER.probs = (_storage(out), out.numel(), masked)
+
+
+def _follow_probs(rec, args, kwargs, out) -> None:
+    """A cast or dropout of masked probabilities: their consumer reads its output."""
+    probs = _EAGER.probs
+    if probs is None:
+        return
+    result = out[0] if isinstance(out, tuple) else out
+    a = args[0]
+    if isinstance(a, Tensor) and isinstance(result, Tensor) and _has_values(a) and \
+            a.numel() == probs[1] and _storage(a) == probs[0]:
+        _EAGER.probs = (_storage(result), result.numel(), probs[2])
+
+
+def _tallies() -> dict:
+    aten = torch.ops.aten
+    found = {}
+
+    def add(name: str, overload: str, tally: Callable) -> None:
+        packet = getattr(aten, name, None)
+        op = getattr(packet, overload, None) if packet is not None else None
+        if op is not None:
+            found[op] = tally
+
+    add("_scaled_dot_product_flash_attention_for_cpu", "default",
+        _sdpa_tally(0, "attn_mask", False))
+    add("_scaled_dot_product_flash_attention_for_cpu_backward", "default",
+        _sdpa_tally(1, "attn_mask", True))
+    for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                 "_scaled_dot_product_fused_attention_overrideable",
+                 "_scaled_dot_product_attention_math", "scaled_dot_product_attention"):
+        add(name, "default", _sdpa_tally(0, 3, False))
+    add("_scaled_dot_product_efficient_attention_backward", "default",
+        _sdpa_tally(1, 4, True))
+    add("_scaled_dot_product_fused_attention_overrideable_backward", "default",
+        _sdpa_tally(1, 4, True))
+    add("_scaled_dot_product_cudnn_attention_backward", "default", _sdpa_tally(1, 8, True))
+    add("_efficient_attention_forward", "default", _sdpa_tally(0, 3, False, "bshd"))
+    add("_efficient_attention_backward", "default", _sdpa_tally(1, 4, True, "bshd"))
+    add("bmm", "default", _bmm_tally)
+    add("_softmax", "default", _softmax_tally)
+    add("_safe_softmax", "default", _softmax_tally)
+    add("_to_copy", "default", _follow_probs)
+    add("native_dropout", "default", _follow_probs)
+    return found
+
+
+TALLIES: dict = _tallies()
+
+
+def tally_of(func) -> Optional[Callable]:
+    """The tally of ``func`` (an op overload), None for ops that read no mask."""
+    return TALLIES.get(func)
