@@ -203,7 +203,8 @@ def test_forward_only_rows_are_the_forward_third_and_scale_with_layers(layers):
 
 def test_real_run_reads_fused_causal_attention_and_recompute():
     """A real CPU run: the fused SDPA kernel says it is causal; gradient checkpointing adds a
-    recompute row (hardware flops) that no MFU row includes."""
+    recompute row; the masked causal half and the recompute are in the hardware row (HFU's),
+    in no MFU row."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=2, num_attention_heads=4,
@@ -220,11 +221,14 @@ def test_real_run_reads_fused_causal_attention_and_recompute():
     c = fc.conventions()
     assert c.shape.causal is True and c.shape.tokens == 16
     assert (c.shape.layers, c.shape.heads, c.shape.head_dim, c.shape.keys) == (2, 4, 8, 8)
-    recompute = fc.by_phase()["recompute"].flops
-    assert recompute > 0
-    assert c["measured + recompute"].flops_per_token == \
-        (fc.model_flops() + recompute) / 16
-    assert "recompute" in {d.name for d in c.differences}
+    phases = fc.by_phase()
+    recompute = phases["recompute"].flops
+    masked = phases["forward"].masked_flops + phases["backward"].masked_flops
+    assert recompute > 0 and masked > 0  # is_causal: the kernel ran the masked half too
+    assert c["measured"].flops_per_token == fc.model_flops() / 16
+    assert c["hardware"].flops_per_token == \
+        (phases["forward"].flops + phases["backward"].flops + recompute) / 16
+    assert {"recompute", "masked attention pairs"} <= {d.name for d in c.differences}
 
 
 def test_eager_attention_is_read_from_softmax_and_its_contractions():

@@ -81,8 +81,9 @@ class Shape:
     ``head_dim``, ``keys``: ``L``, ``H``, ``Q``, ``T`` (None when the calls differ);
     ``attention``: ``L·H·Q·T`` per token, summed over the calls; ``causal``: what the calls
     said (None: eager attention, or none seen); ``passes``: 3 training, 1 forward only;
-    ``measured``, ``contractions``, ``recompute``: the run's forward + backward flops, their
-    2 x MACs, and recomputed flops, per token."""
+    ``measured``, ``contractions``, ``masked``, ``recompute``: the run's forward + backward
+    model flops (masked attention pairs left out), their 2 x MACs, the masked pairs' flops
+    the kernels computed anyway, and recomputed flops, per token."""
 
     tokens: int
     tokens_seen: bool  # read from the attention calls (False: given)
@@ -103,6 +104,7 @@ class Shape:
     passes: int
     measured: Number
     contractions: Number
+    masked: Number
     recompute: Number
     counted_attention: str  # the counter's attention option: "dense" or "causal"
 
@@ -194,8 +196,9 @@ def shape_of(profile: Profile, tokens: Optional[int] = None) -> Shape:
     causal = {c[7] for c in calls}
     phases = profile.by_phase()
     passes = 3 if phases[BACKWARD].flops else 1
-    measured = phases[FORWARD].flops + phases[BACKWARD].flops
-    macs = phases[FORWARD].macs + phases[BACKWARD].macs
+    measured = phases[FORWARD].model_flops + phases[BACKWARD].model_flops
+    macs = phases[FORWARD].model_macs + phases[BACKWARD].model_macs
+    masked = phases[FORWARD].masked_flops + phases[BACKWARD].masked_flops
     total, embedding = groups["total"], groups.get("embedding", 0)
     inactive = groups.get("experts", 0) - groups.get("active_experts", 0)
     head, tied = groups.get("lm_head", 0), bool(groups.get("tied_head", 0))
@@ -212,6 +215,7 @@ def shape_of(profile: Profile, tokens: Optional[int] = None) -> Shape:
         attention=_exact(attention), causal=causal.pop() if len(causal) == 1 else None,
         passes=passes, measured=_exact(Fraction(measured, tokens)),
         contractions=_exact(Fraction(2 * macs, tokens)),
+        masked=_exact(Fraction(masked, tokens)),
         recompute=_exact(Fraction(phases[RECOMPUTE].flops, tokens)),
         counted_attention=run.attention)
 
@@ -223,8 +227,7 @@ def rows_of(s: Shape) -> tuple[tuple, tuple]:
     n, e, a = s.parameters, s.embedding, Fraction(s.attention)
     lhqt = f"{2 * f}·L·H·Q·T"
     half = f"{f}·L·H·Q·T"
-    pairs = "every (query, key) pair" if s.counted_attention == "dense" else \
-        "unmasked (query, key) pairs"
+    pairs = "unmasked (query, key) pairs"
     head = "the LM head (tied: the embedding)" if s.tied else "the LM head"
     no_head = "; the LM head with them (tied)" if s.tied else ""
     phases = "forward + backward" if s.passes == 3 else "forward"
@@ -236,11 +239,11 @@ def rows_of(s: Shape) -> tuple[tuple, tuple]:
          f"the multiply-accumulates of every {phases} op (what mfu() divides)",
          "element-wise work, the optimizer, recompute"),
     ]
-    if s.recompute:
-        rows.append(("measured + recompute", "counted incl. recompute / tokens",
-                     Fraction(s.measured) + Fraction(s.recompute),
-                     "every op run, recomputed forward ops too (hardware flops)",
-                     "the optimizer"))
+    if s.recompute or s.masked:
+        rows.append(("hardware", "executed flops / tokens",
+                     Fraction(s.measured) + Fraction(s.masked) + Fraction(s.recompute),
+                     "every op run: masked attention pairs the kernels computed, recomputed "
+                     "forward ops (what hfu() divides)", "the optimizer"))
     rows += [
         ("6N", f"{f}·{_sci(n)}", f * n, f"every parameter a token uses, {head} included",
          "attention scores and values (L·H·Q·T), element-wise work"),
@@ -273,6 +276,9 @@ def rows_of(s: Shape) -> tuple[tuple, tuple]:
     if s.inactive:
         differences.append(("inactive experts", f * s.inactive,
                             "left out of every row: N is what a token uses"))
+    if s.masked:
+        differences.append(("masked attention pairs", s.masked,
+                            "computed by the kernels, not needed: hardware, not model flops"))
     if s.recompute:
         differences.append(("recompute", s.recompute,
                             "hardware flops, not model flops: in no MFU row"))
