@@ -147,6 +147,9 @@ class Entry:
     category: Category
     formula: Optional[Formula] = None
     movement: Movement = Movement.COPY
+    # the dtype the op computes in where its tensor arguments do not say (a quantised op
+    # computes in "int8" on float32 or quint8 tensors); None: the engine's rule
+    dtype: Optional[str] = None
 
 
 UNSUPPORTED_ENTRY = Entry(Category.UNSUPPORTED)
@@ -295,14 +298,17 @@ class Registry:
             getattr(self, _table_of(op))[op] = entry
         self.version += 1
 
-    def formula(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
-        """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula."""
+    def formula(self, ops, *, override: bool = False,
+                dtype: Optional[str] = None) -> Callable[[Formula], Formula]:
+        """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula.
+        ``dtype`` names the dtype the ops compute in ("int8" for a quantised GEMM) where the
+        engine's rule, the first floating-point tensor argument's, would not say it."""
 
         ops = self._normalise(ops)  # fail at the decorator line, not later
 
         def decorate(fn: Formula) -> Formula:
             _check_formula(fn)
-            self._put(ops, Entry(Category.EXACT, fn), override)
+            self._put(ops, Entry(Category.EXACT, fn, dtype=dtype), override)
             return fn
 
         return decorate

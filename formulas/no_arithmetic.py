@@ -58,6 +58,15 @@ METADATA_OPS = _ops(
     is_inference is_set_to is_signed is_distributed _version output_nr sym_is_contiguous
     """
 )
+# TorchScript's tensor queries, which code running under a fake tensor mode meets (SDPA asks
+# ``prim.device`` of its inputs): metadata, no bytes move
+PRIM_METADATA_OPS = [
+    op for op in (getattr(torch.ops.prim, name, None) for name in """
+        device layout dtype type itemsize requires_grad data is_cuda is_cpu is_xpu is_mps
+        is_meta is_sparse is_sparse_csr is_mkldnn is_quantized is_nested is_vulkan is_ipu
+        is_maia is_mtia is_xla
+        """.split()) if op is not None
+]
 # torch.profiler.record_function, which the optimizers' step() opens: bookkeeping only
 PROFILER_OPS = [
     op for op in (getattr(torch.ops.profiler, name, None) for name in (
@@ -130,6 +139,6 @@ WRITE_OPS = _ops(
 )
 
 REGISTRY.no_arithmetic(VIEW_OPS + METADATA_OPS + ALLOCATION_OPS + PROFILER_OPS
-                       + STORAGE_VIEW_OPS, Movement.NONE)
+                       + STORAGE_VIEW_OPS + PRIM_METADATA_OPS, Movement.NONE)
 REGISTRY.no_arithmetic(COPY_OPS + INDEXING_OPS + LAYOUT_OPS + CONVERSION_OPS, Movement.COPY)
 REGISTRY.no_arithmetic(WRITE_OPS, Movement.WRITE)

@@ -44,6 +44,7 @@ from dispatch_flops.formulas import (
     Category,
     Cost,
     Movement,
+    PackedWeight,
     Registry,
     SparseInfo,
 )
@@ -232,11 +233,30 @@ def group_size(args, position) -> int:
 
 def _script_key(v):
     """A stable stand-in for a TorchScript object argument (a new Python box every call): a
-    process group by its size (all a price depends on), anything else by its type."""
+    process group by its size (all a price depends on), a quantised op's packed weights as a
+    ``PackedWeight``, anything else by its type."""
     name = v._type().name()
     if name == "ProcessGroup":
         return (name, _process_group(v).size())
+    if name.endswith("PackedParamsBase"):
+        return _packed_weight(name, v)
     return (name,)
+
+
+def _packed_weight(name: str, v):
+    """What a formula needs of packed weights: read once per signature, out of sight of
+    every mode and below autograd (unpacking builds tensors through ops). The type's
+    name when they cannot be read."""
+    try:
+        with torch._C._DisableTorchDispatch(), torch._C._AutoDispatchBelowAutograd():
+            if name.startswith("Linear"):
+                weight, bias = v.unpack()
+                return PackedWeight(name, tuple(weight.shape), bias is not None)
+            return PackedWeight(name, tuple(v.weight().shape), v.bias() is not None,
+                                tuple(v.stride()), tuple(v.padding()), tuple(v.dilation()),
+                                int(v.groups()), bool(v.transpose()))
+    except Exception:  # a backend's packed type this reading does not know
+        return (name,)
 
 
 def _collective_signature(sig: list, resolved, args, out) -> list:
@@ -281,7 +301,7 @@ def _work_out(resolved, args, kwargs, out) -> Signature:
             raise _EXOTIC
     call = formula_call(args, kwargs, out, resolved) if resolved.kind == FORMULA else None
     signature = Signature(call, *moved_bytes(resolved, args, kwargs, out),
-                          compute_dtype(args))
+                          resolved.dtype or compute_dtype(args))
     if resolved.decompose is not None:
         resolved.decompose(signature, args, kwargs)
     return signature
@@ -390,8 +410,9 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             parts = [part(x) for x in v]
             return (tuple(p[0] for p in parts), [p[1] for p in parts],
                     sum(p[2] for p in parts), None)
-        if isinstance(v, torch.ScriptObject):
-            return _script_key(v), v, 0, None
+        if isinstance(v, torch.ScriptObject):  # as the formula sees it on the hot path
+            described = _script_key(v)
+            return described, described, 0, None
         v = _hint(v)
         return _scalar_key(v), v, 0, None
 
@@ -419,7 +440,7 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             formula_kw["group_size"] = group_size(args, resolved.group_arg)
         call = ([p[1] for p in a], o[1], formula_kw)
     sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
-    return sig, Signature(call, read, written, compute_dtype(args))
+    return sig, Signature(call, read, written, resolved.dtype or compute_dtype(args))
 
 
 # The signatures every counter shares (per registry version and attention option) are the
@@ -454,7 +475,7 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "with_group_size", "group_arg")
+                 "signed", "with_group_size", "group_arg", "dtype")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
                  out_in_signature, with_layouts=False, with_group_size=False):
@@ -487,6 +508,7 @@ class _Resolved:
         # for a composite op (seen whole under inference_mode): prices a call by counting
         # its decomposition (``CountingMode._decomposed``); None for every other op
         self.decompose = None
+        self.dtype: Optional[str] = None  # the registry's, where it names the compute dtype
 
     def unpriced(self) -> "_Resolved":
         """The same op, for calls no formula can price: unsupported (bytes counted)."""
@@ -629,6 +651,7 @@ class CountingMode(TorchDispatchMode):
         )
         resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
                              out_in_signature, with_layouts, with_group_size)
+        resolved.dtype = entry.dtype
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.EXACT, FORMULA
             resolved.decompose = partial(self._decomposed, func)
