@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import (
     _push_mode,
 )
 
+from dispatch_flops.engine.nested import PerSequence, nested_shapes, per_sequence
 from dispatch_flops.engine.records import (
     CALLS,
     NS,
@@ -405,6 +406,11 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
 
     def part(v):  # (key, formula's view, bytes, sparse info)
         if isinstance(v, Tensor):
+            if v.is_nested:
+                shapes = nested_shapes(v)
+                if shapes is None:
+                    raise _Unpriced
+                return shapes, shapes, _nested_bytes(v), None
             return _described(v)
         if v.__class__ is list or v.__class__ is tuple:
             parts = [part(x) for x in v]
@@ -439,6 +445,10 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
         if resolved.with_group_size:
             formula_kw["group_size"] = group_size(args, resolved.group_arg)
         call = ([p[1] for p in a], o[1], formula_kw)
+        try:  # nested tensors: one formula call per sequence (see engine.nested)
+            call = per_sequence(*call) or call
+        except ValueError:
+            raise _Unpriced from None
     sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
     return sig, Signature(call, read, written, resolved.dtype or compute_dtype(args))
 
@@ -521,6 +531,17 @@ class _Resolved:
         (no arithmetic, or unsupported: see its category)."""
         if call is None:
             return ZERO_COST
+        if call.__class__ is PerSequence:  # a nested call: the sum over its sequences
+            costs = [(count, self.formula(*args, out_shape=out_shape, **kwargs))
+                     for count, (args, out_shape, kwargs) in call]
+
+            def total(field: str):  # None (the engine's bytes) if any sequence says None
+                values = [(count, getattr(cost, field)) for count, cost in costs]
+                if any(value is None for _, value in values):
+                    return None
+                return sum(count * value for count, value in values)
+            return Cost(total("flops"), total("macs"), total("bytes_read"),
+                        total("bytes_written"), total("comm_bytes"))
         args, out_shape, kwargs = call
         return self.formula(*args, out_shape=out_shape, **kwargs)
 
