@@ -25,7 +25,12 @@ from torch.utils._python_dispatch import (
     _push_mode,
 )
 
-from dispatch_flops.engine.nested import PerSequence, nested_shapes, per_sequence
+from dispatch_flops.engine.nested import (
+    PerSequence,
+    nested_shapes,
+    per_sequence,
+    tensor_values,
+)
 from dispatch_flops.engine.records import (
     CALLS,
     NS,
@@ -206,6 +211,8 @@ def formula_call(args, kwargs, out, resolved) -> tuple:
         kw["layouts"] = [None] * len(args)
     if resolved.with_group_size:
         kw["group_size"] = group_size(args, resolved.group_arg)
+    if resolved.with_int_values:
+        kw["int_values"] = [int_values(a) for a in args]
     return [_shape(a) for a in args], _shape(out), kw
 
 
@@ -269,6 +276,32 @@ def _collective_signature(sig: list, resolved, args, out) -> list:
 
 
 def _output_signature(sig: list, resolved, args, out) -> list:
+    sig.append(_key(out))
+    return sig
+
+
+# a 1-D integer tensor argument up to this long is read for a formula that takes
+# ``int_values`` (cumulative sequence lengths): a batch's worth of ints, never activations
+INT_VALUES_MAX = 65_536
+
+
+def int_values(v) -> Optional[tuple]:
+    """The values of ``v`` for a formula that takes ``int_values``: a tuple for a small 1-D
+    integer tensor on the CPU, read once per tensor (``engine.nested``); None for any other
+    argument, and for a tensor on an accelerator (reading it would make the host wait for
+    the device at every call: the formula prices without it) or without data (fake, meta)."""
+    if not isinstance(v, Tensor) or v.dtype not in (torch.int32, torch.int64) \
+            or v.dim() != 1 or v.device.type != "cpu" or v.numel() > INT_VALUES_MAX:
+        return None
+    try:
+        return tensor_values(v)
+    except Exception:  # no data to read (a fake or meta tensor)
+        return None
+
+
+def _int_values_signature(sig: list, resolved, args, out) -> list:
+    """A signature with the values the formula reads (``int_values``), and the output."""
+    sig.append(tuple(int_values(a) for a in args))
     sig.append(_key(out))
     return sig
 
@@ -444,6 +477,8 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             formula_kw["layouts"] = [p[3] for p in a]
         if resolved.with_group_size:
             formula_kw["group_size"] = group_size(args, resolved.group_arg)
+        if resolved.with_int_values:
+            formula_kw["int_values"] = [int_values(x) for x in args]
         call = ([p[1] for p in a], o[1], formula_kw)
         try:  # nested tensors: one formula call per sequence (see engine.nested)
             call = per_sequence(*call) or call
@@ -485,7 +520,7 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "with_group_size", "group_arg", "dtype")
+                 "signed", "with_group_size", "group_arg", "dtype", "with_int_values")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
                  out_in_signature, with_layouts=False, with_group_size=False):
@@ -519,6 +554,7 @@ class _Resolved:
         # its decomposition (``CountingMode._decomposed``); None for every other op
         self.decompose = None
         self.dtype: Optional[str] = None  # the registry's, where it names the compute dtype
+        self.with_int_values = False  # the formula declares ``int_values``: see ``signed``
 
     def unpriced(self) -> "_Resolved":
         """The same op, for calls no formula can price: unsupported (bytes counted)."""
@@ -673,6 +709,10 @@ class CountingMode(TorchDispatchMode):
         resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
                              out_in_signature, with_layouts, with_group_size)
         resolved.dtype = entry.dtype
+        if formula is not None and "int_values" in parameters:
+            # the values join the signature (a call's price depends on them)
+            resolved.with_int_values = resolved.out_in_signature = True
+            resolved.signed = _int_values_signature
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.EXACT, FORMULA
             resolved.decompose = partial(self._decomposed, func)

@@ -49,9 +49,10 @@ def _read(t: Tensor) -> list:
         return t.tolist()
 
 
-def _values(t: Tensor) -> tuple:
-    """The values of a small integer tensor of a jagged tensor's metadata, read once per
-    tensor (while its version is unchanged)."""
+def tensor_values(t: Tensor) -> tuple:
+    """The values of a small integer tensor (a jagged tensor's offsets or lengths, a varlen
+    kernel's cumulative sequence lengths), read once per tensor (while its version is
+    unchanged)."""
     key = id(t)
     found = _LENGTHS.get(key)
     if found is not None and found[0]() is t and found[1] == t._version:
@@ -67,12 +68,12 @@ def _values(t: Tensor) -> tuple:
 def jagged_lengths(t: Jagged) -> tuple:
     """Each sequence's length along the jagged dimension (see the module's docstring)."""
     if t._lengths is not None:
-        return _values(t._lengths)
+        return tensor_values(t._lengths)
     batch = t._offsets.shape[0] - 1
     low, high = t._maybe_min_seqlen, t._maybe_max_seqlen
     if low is not None and low == high:
         return (low,) * batch
-    bounds = _values(t._offsets)
+    bounds = tensor_values(t._offsets)
     return tuple(b - a for a, b in zip(bounds, bounds[1:]))
 
 
