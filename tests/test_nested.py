@@ -147,3 +147,23 @@ def test_layout_conversions_do_no_arithmetic():
     assert fc.unsupported_ops() == {}
     check = fc.by_operator()["aten._nested_tensor_from_mask_left_aligned"]
     assert check.bytes_read == mask.numel()  # the mask, not the activations
+
+
+def test_a_training_step_on_a_jagged_batch_costs_its_tokens_both_ways():
+    """linear_backward (the jagged Linear's backward): grad input and grad weight, one
+    product each; oracle: dense backward of each sequence alone (two mm), summed."""
+    torch.manual_seed(0)
+    linear = nn.Linear(8, 16)
+    x = _jagged(LENGTHS, 8, requires_grad=True)
+    with FlopCounter() as fc:
+        linear(x).values().sum().backward()
+    assert fc.unsupported_ops() == {}
+    backward = fc.by_operator(phase="backward")
+    assert backward["aten.linear_backward"].macs == 2 * sum(LENGTHS) * 8 * 16
+    dense_macs = 0
+    for n in LENGTHS:
+        xi = torch.randn(1, n, 8, requires_grad=True)
+        with FlopCounter() as dense:
+            linear(xi).sum().backward()
+        dense_macs += sum(s.macs for s in dense.by_operator(phase="backward").values())
+    assert sum(s.macs for s in backward.values()) == dense_macs
