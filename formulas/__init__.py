@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (registers)
     partial,
     pointwise,
     pooling,
+    quantized,
     random,
     recurrent,
     reductions,
@@ -37,7 +38,7 @@ from ._registry import (
     has_formula,
     register_formula,
 )
-from ._shapes import SparseInfo
+from ._shapes import PackedWeight, SparseInfo
 from .costs import ELEMENT_COSTS
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Entry",
     "Formula",
     "Movement",
+    "PackedWeight",
     "REGISTRY",
     "Registry",
     "SparseInfo",

@@ -16,7 +16,7 @@ whether it equals 0, 1, 2, -1 or an infinity ("is alpha 1", "is p 2"): calls who
 differ otherwise share a signature (an optimizer's step size changes every step), and the
 formula sees the first such call's value.
 
-Two keyword parameters are opt-in: the engine passes them only to a formula whose signature
+Keyword parameters are opt-in: the engine passes them only to a formula whose signature
 names them.
 
 * ``dtypes``: a list parallel to the positional ``args``: the ``torch.dtype`` of a tensor, a
@@ -30,6 +30,12 @@ names them.
   with sparse arguments (the shapes it sees stay the dense shapes); a call with a sparse
   argument whose formula does not name it is reported unsupported (its bytes, the values and
   indices stored, are counted).
+
+* ``int_values``: a list parallel to the positional ``args``: the values (a tuple) of a small
+  1-D integer tensor argument on the CPU, ``None`` for anything else. For the few ops whose
+  price is a function of such values (a varlen attention kernel's cumulative sequence
+  lengths); the values join the call's signature. A tensor on an accelerator is not read
+  (the host would wait for the device): the formula prices without it (a bound).
 
 A formula returns a ``Cost`` of integers >= 0 (numpy integers are taken as ints). One that
 raises, or returns anything else, loses nothing else of the run: its calls are reported
@@ -156,6 +162,9 @@ class Entry:
     category: Category
     formula: Optional[Formula] = None
     movement: Movement = Movement.COPY
+    # the dtype the op computes in where its tensor arguments do not say (a quantised op
+    # computes in "int8" on float32 or quint8 tensors); None: the engine's rule
+    dtype: Optional[str] = None
 
 
 UNSUPPORTED_ENTRY = Entry(Category.UNSUPPORTED)
@@ -304,14 +313,17 @@ class Registry:
             getattr(self, _table_of(op))[op] = entry
         self.version += 1
 
-    def formula(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
-        """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula."""
+    def formula(self, ops, *, override: bool = False,
+                dtype: Optional[str] = None) -> Callable[[Formula], Formula]:
+        """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula.
+        ``dtype`` names the dtype the ops compute in ("int8" for a quantised GEMM) where the
+        engine's rule, the first floating-point tensor argument's, would not say it."""
 
         ops = self._normalise(ops)  # fail at the decorator line, not later
 
         def decorate(fn: Formula) -> Formula:
             _check_formula(fn)
-            self._put(ops, Entry(Category.EXACT, fn), override)
+            self._put(ops, Entry(Category.EXACT, fn, dtype=dtype), override)
             return fn
 
         return decorate

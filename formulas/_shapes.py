@@ -18,6 +18,22 @@ class SparseInfo(NamedTuple):
     nnz: int
 
 
+class PackedWeight(NamedTuple):
+    """A quantised op's packed weights (``LinearPackedParamsBase``, ``Conv2dPackedParamsBase``,
+    ...), as a formula sees the TorchScript object: its weight's shape, whether it has a
+    bias, and for a convolution its stride, padding, dilation, groups and whether it is
+    transposed (empty or 1 for a linear)."""
+
+    kind: str  # the TorchScript class's name
+    weight: tuple
+    bias: bool
+    stride: tuple = ()
+    padding: tuple = ()
+    dilation: tuple = ()
+    groups: int = 1
+    transposed: bool = False
+
+
 def numel(shape: Sequence[int]) -> int:
     return prod(shape)
 

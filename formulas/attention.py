@@ -72,17 +72,43 @@ def attention_backward_cost(q, k, v, *, causal: bool, masked: bool, dense: bool 
     return pairs_cost(pairs, useful, 3 * d + 2 * d_v, per_pair)
 
 
-def _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k):
-    """q, k, v of the _flash/_efficient_attention_* kernels, as [b, h, s, d].
+def _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, int_values=None,
+                   positions=(3, 4)) -> list:
+    """``[(count, q, k, v), ...]``: the _flash/_efficient_attention_* kernels' q, k, v as
+    [b, h, s, d], ``count`` times each.
 
-    Dense inputs are [b, s, h, d]. Packed (varlen) inputs are [total, h, d] (the efficient
-    kernel adds a leading 1) and are priced as len(cum_seq) - 1 sequences of the max length:
-    an upper bound, since the true lengths are tensor values, which formulas never see."""
+    Dense inputs are [b, s, h, d]: one entry. Packed (varlen) inputs are [total, h, d] (the
+    efficient kernel adds a leading 1) with ``cum_seq`` the cumulative sequence lengths:
+    sequence ``i`` meets only its own keys, ``Σ s_q,i · s_k,i`` pairs per head. With the
+    lengths' values (``int_values``, at ``positions``: the engine reads them on the CPU) each
+    sequence is priced as it is; without them (on an accelerator the host would wait for the
+    device), at the bound ``min(max_k · total_q, max_q · total_k)`` pairs, which needs no
+    values and is exact for equal lengths (never above ``batch · max_q · max_k``)."""
     if cum_seq_q is None:
-        return tuple((t[0], t[2], t[1], t[3]) for t in (q, k, v))
+        return [(1,) + tuple((t[0], t[2], t[1], t[3]) for t in (q, k, v))]
     q, k, v = (t[1:] if len(t) == 4 else t for t in (q, k, v))
-    return ((cum_seq_q[0] - 1, q[1], max_q, q[2]), (cum_seq_k[0] - 1, k[1], max_k, k[2]),
-            (cum_seq_k[0] - 1, v[1], max_k, v[2]))
+    bounds_q, bounds_k = (int_values[i] if int_values and i < len(int_values) else None
+                          for i in positions)
+    if bounds_q is not None and bounds_k is not None:
+        grouped: dict = {}
+        for a, b, c, d in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:]):
+            grouped[(b - a, d - c)] = grouped.get((b - a, d - c), 0) + 1
+        return [(count, (1, q[1], s_q, q[2]), (1, k[1], s_k, k[2]), (1, v[1], s_k, v[2]))
+                for (s_q, s_k), count in grouped.items()]
+    if max_k * q[0] <= max_q * k[0]:  # every query meets at most max_k keys
+        s_q, s_k = q[0], max_k
+    else:  # every key meets at most max_q queries
+        s_q, s_k = max_q, k[0]
+    return [(1, (1, q[1], s_q, q[2]), (1, k[1], s_k, k[2]), (1, v[1], s_k, v[2]))]
+
+
+def _summed(cost, layout, **kw) -> Cost:
+    """``cost`` of each ``(count, q, k, v)`` in ``layout``, times its count, summed (the
+    masked pairs' share too)."""
+    total = [(count, cost(q, k, v, **kw)) for count, q, k, v in layout]
+    return Cost(*(sum(n * getattr(c, f) for n, c in total) for f in ("flops", "macs")),
+                masked_flops=sum(n * c.masked_flops for n, c in total),
+                masked_macs=sum(n * c.masked_macs for n, c in total))
 
 
 # ---- forward -------------------------------------------------------------------------------
@@ -123,20 +149,21 @@ def sdpa_generic(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args,
 
 @register_formula(aten._flash_attention_forward)
 def flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                            *args, out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    q, k, v = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
-    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                  masked=False)
+                            *args, out_shape, causal_unmasked_only=False, int_values=None,
+                            **kw) -> Cost:
+    layout = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, int_values, (3, 4))
+    return _summed(attention_forward_cost, layout, causal=is_causal,
+                   dense=not causal_unmasked_only, masked=False)
 
 
 @register_formula(aten._efficient_attention_forward)
 def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, dropout_p, custom_mask_type, *args, out_shape,
-                                causal_unmasked_only=False, **kw) -> Cost:
-    q, k, v = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    causal = custom_mask_type != 0
-    return attention_forward_cost(q, k, v, causal=causal, masked=bias is not None,
-                                  dense=not causal_unmasked_only)
+                                causal_unmasked_only=False, int_values=None, **kw) -> Cost:
+    layout = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            int_values, (4, 5))
+    return _summed(attention_forward_cost, layout, causal=custom_mask_type != 0,
+                   masked=bias is not None, dense=not causal_unmasked_only)
 
 
 # ---- backward ------------------------------------------------------------------------------
@@ -185,18 +212,18 @@ def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, ou
 @register_formula(aten._flash_attention_backward)
 def flash_attention_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
                              max_k, dropout_p, is_causal, *args, out_shape,
-                             causal_unmasked_only=False, **kw) -> Cost:
-    q, k, v = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k)
-    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                   masked=False)
+                             causal_unmasked_only=False, int_values=None, **kw) -> Cost:
+    layout = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, int_values, (6, 7))
+    return _summed(attention_backward_cost, layout, causal=is_causal,
+                   dense=not causal_unmasked_only, masked=False)
 
 
 @register_formula(aten._efficient_attention_backward)
 def efficient_attention_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k,
                                  max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed,
                                  philox_offset, custom_mask_type, *args, out_shape,
-                                 causal_unmasked_only=False, **kw) -> Cost:
-    q, k, v = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    causal = custom_mask_type != 0
-    return attention_backward_cost(q, k, v, causal=causal, masked=bias is not None,
-                                  dense=not causal_unmasked_only)
+                                 causal_unmasked_only=False, int_values=None, **kw) -> Cost:
+    layout = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            int_values, (6, 7))
+    return _summed(attention_backward_cost, layout, causal=custom_mask_type != 0,
+                   masked=bias is not None, dense=not causal_unmasked_only)

@@ -172,3 +172,14 @@ def _einsum_macs(equation: str, shapes) -> int:
 @register_formula(aten.einsum)
 def einsum(equation, operands, *args, out_shape, dtypes=None, **kwargs) -> Cost:
     return _with_bias(_einsum_macs(equation, operands), 0, dtypes)
+
+
+@register_formula(aten.linear_backward)
+def linear_backward(x, grad_out, weight, output_mask, *, out_shape, dtypes=None,
+                    **kwargs) -> Cost:
+    # x: [..., in], grad_out: [..., out], weight: [out, in] (mkldnn's, and a jagged tensor's
+    # Linear backward): grad_input = grad_out @ weight, grad_weight = grad_out^T @ x (one
+    # product each, when asked), grad_bias = grad_out summed over rows (one add an element)
+    rows_macs = numel(grad_out) * weight[-1]
+    macs = rows_macs * (int(output_mask[0]) + int(output_mask[1]))
+    return _with_bias(macs, numel(grad_out) if output_mask[2] else 0, dtypes)

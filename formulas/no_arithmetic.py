@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import REGISTRY, Movement, namespace
+from ._registry import REGISTRY, Cost, Movement, namespace
+from ._shapes import numel
 
 aten = namespace("aten")  # ops this torch lacks read as names, never met
 
@@ -56,8 +57,19 @@ METADATA_OPS = _ops(
     _resize_output_ record_stream _assert_async _assert_scalar _functional_assert_async
     _functional_assert_scalar sym_constrain_range sym_constrain_range_for_size is_pinned
     is_inference is_set_to is_signed is_distributed _version output_nr sym_is_contiguous
+    _nested_tensor_strides _nested_tensor_storage_offsets
+    _nested_compute_contiguous_strides_offsets
     """
 )
+# TorchScript's tensor queries, which code running under a fake tensor mode meets (SDPA asks
+# ``prim.device`` of its inputs): metadata, no bytes move
+PRIM_METADATA_OPS = [
+    op for op in (getattr(torch.ops.prim, name, None) for name in """
+        device layout dtype type itemsize requires_grad data is_cuda is_cpu is_xpu is_mps
+        is_meta is_sparse is_sparse_csr is_mkldnn is_quantized is_nested is_vulkan is_ipu
+        is_maia is_mtia is_xla
+        """.split()) if op is not None
+]
 # torch.profiler.record_function, which the optimizers' step() opens: bookkeeping only
 PROFILER_OPS = [
     op for op in (getattr(torch.ops.profiler, name, None) for name in (
@@ -88,7 +100,10 @@ CONVERSION_OPS = _ops(
     _sparse_coo_tensor_with_dims_and_tensors _sparse_coo_tensor_unsafe sparse_coo_tensor
     _sparse_csr_tensor_unsafe _sparse_compressed_tensor_unsafe sparse_compressed_tensor
     _nested_tensor_from_tensor_list _nested_from_padded to_padded_tensor _nested_from_padded_tensor
-    _nested_tensor_from_mask
+    _nested_tensor_from_mask nested_to_padded_tensor _nested_from_padded_and_nested_example
+    _jagged_to_padded_dense_forward _padded_dense_to_jagged_forward _nested_get_values_copy
+    _nested_view_from_buffer_copy _nested_view_from_jagged_copy _nested_select_backward
+    _nested_sum_backward _pack_padded_sequence _pack_padded_sequence_backward
     """
 )
 # views of what a sparse or nested tensor stores
@@ -130,6 +145,16 @@ WRITE_OPS = _ops(
 )
 
 REGISTRY.no_arithmetic(VIEW_OPS + METADATA_OPS + ALLOCATION_OPS + PROFILER_OPS
-                       + STORAGE_VIEW_OPS, Movement.NONE)
+                       + STORAGE_VIEW_OPS + PRIM_METADATA_OPS, Movement.NONE)
 REGISTRY.no_arithmetic(COPY_OPS + INDEXING_OPS + LAYOUT_OPS + CONVERSION_OPS, Movement.COPY)
 REGISTRY.no_arithmetic(WRITE_OPS, Movement.WRITE)
+
+
+def _mask_check_bytes(t, mask, *, out_shape, dtypes=None) -> Cost:
+    # is the padding mask left-aligned (every row's padding at its end)? reads the mask only
+    itemsize = dtypes[1].itemsize if dtypes and dtypes[1] is not None else 1
+    return Cost(0, bytes_read=numel(mask) * itemsize, bytes_written=1)
+
+
+REGISTRY.no_arithmetic(aten.present(["_nested_tensor_from_mask_left_aligned"]), Movement.COPY,
+                       bytes=_mask_check_bytes)

@@ -12,11 +12,17 @@ Interpolation: a weighted sum of ``taps`` input elements per output element, cou
 ``taps`` MACs (linear 2, bilinear 4, trilinear 8, bicubic 16), as a fixed-weight convolution
 would be; the per-row weights are O(rows) and not counted. Nearest modes move data only
 (declared in ``no_arithmetic``); their backward adds each gradient into its source.
+Antialiased resize (``_upsample_{bilinear,bicubic}2d_aa``) is priced as torch's CPU kernel
+runs it: two separable 1-D passes (a pass skipped where its size is unchanged), each output
+reading the taps of its own, border-clipped window (``aa_tap_counts``); its backward spreads
+each gradient over the 2-D window. CUDA's kernel is not separable (see docs/limits.md).
 """
 
 from __future__ import annotations
 
 import math
+import struct
+from typing import Optional
 
 import torch
 
@@ -158,7 +164,7 @@ register_formula(_ops("fractional_max_pool2d fractional_max_pool3d"))(_fractiona
 # ---- interpolation ----------------------------------------------------------------------------
 
 TAPS = {"linear1d": 2, "bilinear2d": 4, "trilinear3d": 8, "bicubic2d": 16}
-_AA_SUPPORT = {"bilinear2d": 1, "bicubic2d": 2}  # half-width of the filter, in input pixels
+_AA_INTERP_SIZE = {"bilinear2d": 2, "bicubic2d": 4}  # the filter's width at scale 1
 
 
 def interpolation(taps: int):
@@ -178,26 +184,80 @@ def interpolation_backward(taps: int):
     return formula
 
 
-def _aa_taps(support: int, sizes_in, sizes_out) -> int:
-    # antialiased: the filter widens by the downscale factor; ceil(2 * support * scale) taps
-    taps = 1
-    for i, o in zip(sizes_in, sizes_out):
-        taps *= math.ceil(2 * support * max(i / o, 1.0)) if o else 0
-    return taps
+def _single(x: float) -> float:
+    """``x`` rounded to float32, as the CPU kernel's float arithmetic holds it."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def interpolation_aa(support: int):
-    def formula(x, *args, out_shape, **kw) -> Cost:
-        macs = numel(out_shape) * _aa_taps(support, x[2:], out_shape[2:])
+def aa_tap_counts(size_in: int, size_out: int, interp_size: int, align_corners: bool,
+                  scale_given: Optional[float], single: bool) -> list:
+    """Input taps of each output index along one dim of torch's CPU antialiased resize
+    (``HelperInterpBase::_compute_indices_min_size_weights_aa``): the filter's support widens
+    by the downscale factor and is clipped at the borders, so border outputs read fewer taps.
+    ``single``: the kernel computes in float32 (float, half and bfloat16 tensors), else in
+    float64; its rounding decides a tap where a window edge falls on a half-integer."""
+    rounded = _single if single else float
+    if align_corners:
+        scale = rounded((size_in - 1) / (size_out - 1)) if size_out > 1 else 0.0
+    elif scale_given is not None and scale_given > 0:
+        scale = rounded(1.0 / scale_given)
+    else:
+        scale = rounded(size_in / size_out)
+    support = rounded(interp_size * 0.5 * scale) if scale >= 1.0 else interp_size * 0.5
+    widest = math.ceil(support) * 2 + 1
+    counts = []
+    for i in range(size_out):
+        center = rounded(scale * (i + 0.5))
+        low = max(int(rounded(center - support) + 0.5), 0)
+        high = min(int(rounded(center + support) + 0.5), size_in)
+        counts.append(min(max(high - low, 0), widest))
+    return counts
+
+
+def _aa_scales(args) -> list:
+    """The scales given to the op (``scales_h``, ``scales_w``), None where not given."""
+    scales = list(args[:2]) + [None] * (2 - len(args[:2]))
+    return [s if isinstance(s, float) else None for s in scales]
+
+
+def _single_precision(dtypes) -> bool:
+    return not dtypes or dtypes[0] is not torch.float64
+
+
+def interpolation_aa(interp_size: int):
+    def formula(x, output_size, align_corners, *args, out_shape, dtypes=None, **kw) -> Cost:
+        # torch's CPU kernel: two separable passes, the last (contiguous) dim first, each
+        # skipped where the size is unchanged: [n, c, h_in, w_in] -> [n, c, h_in, w_out]
+        # -> [n, c, h_out, w_out]; an output reads its own taps (a MAC each)
+        planes, (h_in, w_in), (h_out, w_out) = x[0] * x[1], x[2:], out_shape[2:]
+        scale_h, scale_w = _aa_scales(args)
+        single = _single_precision(dtypes)
+        macs = 0
+        if w_out != w_in:
+            macs += planes * h_in * sum(aa_tap_counts(w_in, w_out, interp_size, align_corners,
+                                                      scale_w, single))
+        if h_out != h_in:
+            macs += planes * w_out * sum(aa_tap_counts(h_in, h_out, interp_size,
+                                                       align_corners, scale_h, single))
         return Cost(2 * macs, macs)
 
     return formula
 
 
-def interpolation_aa_backward(support: int):
-    def formula(grad_out, output_size, input_size, *args, out_shape, **kw) -> Cost:
-        macs = numel(grad_out) * _aa_taps(support, input_size[2:], grad_out[2:])
-        return Cost(2 * macs, macs)
+def interpolation_aa_backward(interp_size: int):
+    def formula(grad_out, output_size, input_size, align_corners, *args, out_shape,
+                dtypes=None, **kw) -> Cost:
+        # not separable: each gradient element is spread over its whole 2-D window
+        # (ysize x xsize taps, unchanged dims included), ``+= wx * wy * grad``: a MAC and a
+        # multiply per tap
+        planes, (h_in, w_in), (h_out, w_out) = grad_out[0] * grad_out[1], input_size[2:], \
+            grad_out[2:]
+        scale_h, scale_w = _aa_scales(args)
+        single = _single_precision(dtypes)
+        rows = sum(aa_tap_counts(h_in, h_out, interp_size, align_corners, scale_h, single))
+        cols = sum(aa_tap_counts(w_in, w_out, interp_size, align_corners, scale_w, single))
+        macs = planes * rows * cols
+        return Cost(3 * macs, macs)
 
     return formula
 
@@ -205,9 +265,9 @@ def interpolation_aa_backward(support: int):
 for _mode, _taps in TAPS.items():
     register_formula(_ops(f"upsample_{_mode}"))(interpolation(_taps))
     register_formula(_ops(f"upsample_{_mode}_backward"))(interpolation_backward(_taps))
-for _mode, _support in _AA_SUPPORT.items():
-    register_formula(_ops(f"_upsample_{_mode}_aa"))(interpolation_aa(_support))
-    register_formula(_ops(f"_upsample_{_mode}_aa_backward"))(interpolation_aa_backward(_support))
+for _mode, _size in _AA_INTERP_SIZE.items():
+    register_formula(_ops(f"_upsample_{_mode}_aa"))(interpolation_aa(_size))
+    register_formula(_ops(f"_upsample_{_mode}_aa_backward"))(interpolation_aa_backward(_size))
 for _d in (1, 2, 3):
     register_formula(_ops(f"upsample_nearest{_d}d_backward _upsample_nearest_exact{_d}d_backward"))(
         scatter_back)

@@ -30,6 +30,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from dispatch_flops.engine import flex as _flex
 from dispatch_flops.engine.masks import tally_of
+from dispatch_flops.engine.nested import (
+    PerSequence,
+    nested_shapes,
+    per_sequence,
+    tensor_values,
+)
 from dispatch_flops.engine.records import (
     CALLS,
     NS,
@@ -49,6 +55,7 @@ from dispatch_flops.formulas import (
     Category,
     Cost,
     Movement,
+    PackedWeight,
     Registry,
     SparseInfo,
 )
@@ -235,6 +242,8 @@ def formula_call(args, kwargs, out, resolved) -> tuple:
         kw["group_size"] = group_size(args, resolved.group_arg)
     if resolved.with_group_rank:
         kw["group_rank"] = group_rank(args, resolved.group_arg)
+    if resolved.with_int_values:
+        kw["int_values"] = [int_values(a) for a in args]
     return [_shape(a) for a in args], _shape(out), kw
 
 
@@ -271,13 +280,31 @@ def group_rank(args, position) -> int:
 
 def _script_key(v):
     """A stable stand-in for a TorchScript object argument (a new Python box every call): a
-    process group by its size and this process's rank in it (all a price depends on),
-    anything else by its type."""
+    process group by its size and this process's rank in it (all a price depends on), a
+    quantised op's packed weights as a ``PackedWeight``, anything else by its type."""
     name = v._type().name()
     if name == "ProcessGroup":
         group = _process_group(v)
         return (name, group.size(), group.rank())
+    if name.endswith("PackedParamsBase"):
+        return _packed_weight(name, v)
     return (name,)
+
+
+def _packed_weight(name: str, v):
+    """What a formula needs of packed weights: read once per signature, out of sight of
+    every mode and below autograd (unpacking builds tensors through ops). The type's
+    name when they cannot be read."""
+    try:
+        with torch._C._DisableTorchDispatch(), torch._C._AutoDispatchBelowAutograd():
+            if name.startswith("Linear"):
+                weight, bias = v.unpack()
+                return PackedWeight(name, tuple(weight.shape), bias is not None)
+            return PackedWeight(name, tuple(v.weight().shape), v.bias() is not None,
+                                tuple(v.stride()), tuple(v.padding()), tuple(v.dilation()),
+                                int(v.groups()), bool(v.transpose()))
+    except Exception:  # a backend's packed type this reading does not know
+        return (name,)
 
 
 def _collective_signature(sig: list, resolved, args, out) -> list:
@@ -291,6 +318,32 @@ def _collective_signature(sig: list, resolved, args, out) -> list:
 
 
 def _output_signature(sig: list, resolved, args, out) -> list:
+    sig.append(_key(out))
+    return sig
+
+
+# a 1-D integer tensor argument up to this long is read for a formula that takes
+# ``int_values`` (cumulative sequence lengths): a batch's worth of ints, never activations
+INT_VALUES_MAX = 65_536
+
+
+def int_values(v) -> Optional[tuple]:
+    """The values of ``v`` for a formula that takes ``int_values``: a tuple for a small 1-D
+    integer tensor on the CPU, read once per tensor (``engine.nested``); None for any other
+    argument, and for a tensor on an accelerator (reading it would make the host wait for
+    the device at every call: the formula prices without it) or without data (fake, meta)."""
+    if not isinstance(v, Tensor) or v.dtype not in (torch.int32, torch.int64) \
+            or v.dim() != 1 or v.device.type != "cpu" or v.numel() > INT_VALUES_MAX:
+        return None
+    try:
+        return tensor_values(v)
+    except Exception:  # no data to read (a fake or meta tensor)
+        return None
+
+
+def _int_values_signature(sig: list, resolved, args, out) -> list:
+    """A signature with the values the formula reads (``int_values``), and the output."""
+    sig.append(tuple(int_values(a) for a in args))
     sig.append(_key(out))
     return sig
 
@@ -324,7 +377,7 @@ def _work_out(resolved, args, kwargs, out) -> Signature:
             raise _EXOTIC
     call = formula_call(args, kwargs, out, resolved) if resolved.kind == FORMULA else None
     signature = Signature(call, *moved_bytes(resolved, args, kwargs, out),
-                          compute_dtype(args))
+                          resolved.dtype or compute_dtype(args))
     if resolved.decompose is not None:
         resolved.decompose(signature, args, kwargs)
     return signature
@@ -428,13 +481,19 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
 
     def part(v):  # (key, formula's view, bytes, sparse info)
         if isinstance(v, Tensor):
+            if v.is_nested:
+                shapes = nested_shapes(v)
+                if shapes is None:
+                    raise _Unpriced
+                return shapes, shapes, _nested_bytes(v), None
             return _described(v)
         if v.__class__ is list or v.__class__ is tuple:
             parts = [part(x) for x in v]
             return (tuple(p[0] for p in parts), [p[1] for p in parts],
                     sum(p[2] for p in parts), None)
-        if isinstance(v, torch.ScriptObject):
-            return _script_key(v), v, 0, None
+        if isinstance(v, torch.ScriptObject):  # as the formula sees it on the hot path
+            described = _script_key(v)
+            return described, described, 0, None
         v = _hint(v)
         return _scalar_key(v), v, 0, None
 
@@ -462,9 +521,15 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
             formula_kw["group_size"] = group_size(args, resolved.group_arg)
         if resolved.with_group_rank:
             formula_kw["group_rank"] = group_rank(args, resolved.group_arg)
+        if resolved.with_int_values:
+            formula_kw["int_values"] = [int_values(x) for x in args]
         call = ([p[1] for p in a], o[1], formula_kw)
+        try:  # nested tensors: one formula call per sequence (see engine.nested)
+            call = per_sequence(*call) or call
+        except ValueError:
+            raise _Unpriced from None
     sig = (key, _EXOTIC, tuple(p[0] for p in a), tuple((k, p[0]) for k, p in kw.items()), o[0])
-    return sig, Signature(call, read, written, compute_dtype(args))
+    return sig, Signature(call, read, written, resolved.dtype or compute_dtype(args))
 
 
 # The signatures every counter shares (per registry version and attention option) are the
@@ -499,7 +564,8 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "with_group_size", "group_arg", "with_group_rank", "tally")
+                 "signed", "with_group_size", "group_arg", "with_group_rank", "tally", "dtype",
+                 "with_int_values")
 
     def __init__(self, func, category, kind, formula, with_dtypes, write_only,
                  out_in_signature, with_layouts=False, with_group_size=False,
@@ -537,6 +603,8 @@ class _Resolved:
         # counts the masked (query, key) pairs of an attention op's mask tensor into the
         # call's record (``engine.masks``); None for every op that takes no mask
         self.tally = tally_of(func)
+        self.dtype: Optional[str] = None  # the registry's, where it names the compute dtype
+        self.with_int_values = False  # the formula declares ``int_values``: see ``signed``
 
     def unpriced(self) -> "_Resolved":
         """The same op, for calls no formula can price: unsupported (bytes counted)."""
@@ -549,6 +617,17 @@ class _Resolved:
         (no arithmetic, or unsupported: see its category)."""
         if call is None:
             return ZERO_COST
+        if call.__class__ is PerSequence:  # a nested call: the sum over its sequences
+            costs = [(count, self.formula(*args, out_shape=out_shape, **kwargs))
+                     for count, (args, out_shape, kwargs) in call]
+
+            def total(field: str):  # None (the engine's bytes) if any sequence says None
+                values = [(count, getattr(cost, field)) for count, cost in costs]
+                if any(value is None for _, value in values):
+                    return None
+                return sum(count * value for count, value in values)
+            return Cost(total("flops"), total("macs"), total("bytes_read"),
+                        total("bytes_written"), total("comm_bytes"))
         args, out_shape, kwargs = call
         return self.formula(*args, out_shape=out_shape, **kwargs)
 
@@ -733,6 +812,11 @@ class CountingMode(TorchDispatchMode):
         )
         resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
                              out_in_signature, with_layouts, with_group_size, with_group_rank)
+        resolved.dtype = entry.dtype
+        if formula is not None and "int_values" in parameters:
+            # the values join the signature (a call's price depends on them)
+            resolved.with_int_values = resolved.out_in_signature = True
+            resolved.signed = _int_values_signature
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.EXACT, FORMULA
             resolved.decompose = partial(self._decomposed, func)

@@ -26,6 +26,7 @@ from operator import itemgetter
 from typing import Optional, Union
 
 from dispatch_flops.engine.masks import read_all
+from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
 from dispatch_flops.formulas.costs import CostTable
 from dispatch_flops.results import validate
@@ -95,6 +96,8 @@ class Signature:
 def _shapes_of(call) -> str:
     if call is None:
         return "no arguments"
+    if call.__class__ is PerSequence:  # a nested call: its first sequence's
+        return f"{_shapes_of(call[0][1])} (sequence 1 of a nested call)"
     args, out_shape, kwargs = call
     shown = [tuple(a) if isinstance(a, (list, tuple)) else a for a in args]
     return f"args {shown}" + (f", kwargs {kwargs}" if kwargs else "")
