@@ -13,6 +13,7 @@ from typing import Optional
 
 from torch import nn
 
+from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import CALLS, SIGNATURE
 from dispatch_flops.engine.tracker import Frame, ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT, Phase, static_prefixes
@@ -132,7 +133,8 @@ class _Watched:
             for key, rec in frame.acc[forward].items():
                 resolved = resolutions.get(key if key.__class__ is int else key[0])
                 signature = rec[SIGNATURE]
-                if resolved is None or signature is None or signature.call is None:
+                if resolved is None or signature is None or signature.call is None or \
+                        signature.call.__class__ is PerSequence:  # nested: sizes per sequence
                     continue
                 name = str(resolved.func)
                 args, out, kwargs = signature.call
