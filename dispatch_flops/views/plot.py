@@ -1,6 +1,7 @@
 """Plots of a counter's results, each returned as a matplotlib ``Figure``.
 
-matplotlib is an optional extra (``pip install 'dispatch_flops[plot]'``). The figures are
+matplotlib is an optional extra (``pip install matplotlib``, or ``pip install -e '.[plot]'``
+from a clone). The figures are
 made without pyplot, so nothing global is touched and nothing is shown by itself: in a
 notebook, make the figure the cell's last expression; elsewhere, ``fig.savefig("x.png")``.
 They read a ``Profile`` (or a finished counter's, ``fc.to_profile()``; a loaded one from
@@ -42,8 +43,8 @@ def _figure(width: float, height: float):
         try:
             from matplotlib.figure import Figure
         except ImportError:
-            raise ImportError("plots need matplotlib: pip install 'dispatch_flops[plot]'") \
-                from None
+            raise ImportError("plots need matplotlib: pip install matplotlib (or, from a "
+                              "clone, pip install -e '.[plot]')") from None
 
         class ShownFigure(Figure):
             """A Figure that a notebook shows when it is a cell's value, without pyplot."""
