@@ -299,8 +299,9 @@ def help_examples():
 
 
 def readme_examples():
-    """The ``dispatch-flops`` commands of README.md's shell blocks, comments dropped."""
-    text = (TESTS.parent / "README.md").read_text()
+    """The ``dispatch-flops`` commands of the shell blocks of README.md and docs/cli.md,
+    comments dropped."""
+    text = "".join((TESTS.parent / page).read_text() for page in ("README.md", "docs/cli.md"))
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", "").splitlines():
@@ -316,9 +317,9 @@ def test_readme_and_help_examples_are_found():
 @pytest.mark.slow
 @pytest.mark.parametrize("example", sorted(set(help_examples()) | set(readme_examples())))
 def test_every_help_example_runs(example, tmp_path):
-    """Each example of --help and README runs as written (my_models.py: a small stand-in for
-    the user's file; CUDA examples on the CPU where there is none), with no package the
-    extras lack."""
+    """Each example of --help, README and docs/cli.md runs as written (my_models.py: a small
+    stand-in for the user's file; CUDA examples on the CPU where there is none), with no
+    package the extras lack."""
     (tmp_path / "my_models.py").write_text(MY_MODELS)
     args = example.split()[1:]
     if not torch.cuda.is_available():
