@@ -15,7 +15,9 @@ from dispatch_flops import FlopCounter
 def block(monkeypatch, *names: str) -> None:
     """``import name`` (and of its submodules) raises ImportError until the test ends; our
     modules that import it are imported afresh."""
-    for name in names:
+    for name in names:  # a submodule imported before is found in sys.modules: block it too
+        for loaded in [m for m in sys.modules if m.startswith(name + ".")]:
+            monkeypatch.setitem(sys.modules, loaded, None)
         monkeypatch.setitem(sys.modules, name, None)
     for name in [m for m in sys.modules if m.startswith("dispatch_flops.integrations.")]:
         monkeypatch.delitem(sys.modules, name)
