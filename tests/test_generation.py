@@ -288,23 +288,37 @@ def test_nothing_left_behind_and_clear_errors():
         profile_generate(model, torch.randint(0, 64, (1, 3)), attention="flash")
 
 
-def test_no_deprecation_warning_from_our_reads(capfd):
-    """Reading each step's cache prints nothing: current transformers name it ``cache`` and
+def test_no_deprecation_warning_from_our_reads():
+    """Reading each step's cache logs nothing: current transformers name it ``cache`` and
     warn (once per process: the cache of warnings is cleared first) on a read of
     ``past_key_values``; under ``-W error::FutureWarning`` nothing raises either."""
+    import logging
     import warnings
 
     from transformers.utils import logging as hf_logging
 
-    hf_logging.warning_once.cache_clear()  # a test before may have had it printed
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    hf_logging.warning_once.cache_clear()  # a test before may have had it logged
     model = llama()
-    capfd.readouterr()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        warnings.simplefilter("error", DeprecationWarning)
-        gp = profile_generate(model, torch.randint(0, 64, (1, 4)), max_new_tokens=3, **GREEDY)
-    out, err = capfd.readouterr()
-    assert "deprecated" not in out + err, out + err
+    records = Records()
+    logger = hf_logging.get_logger("transformers")  # the root of transformers' loggers
+    logger.addHandler(records)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            gp = profile_generate(model, torch.randint(0, 64, (1, 4)), max_new_tokens=3,
+                                  **GREEDY)
+    finally:
+        logger.removeHandler(records)
+    assert not [m for m in records.messages if "deprecated" in m], records.messages
     assert gp.kv_cache_bytes[-1] > gp.kv_cache_bytes[0] > 0  # the cache was read
 
 
