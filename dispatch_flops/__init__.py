@@ -54,6 +54,7 @@ from dispatch_flops.results.stats import (  # noqa: F401 (its constants: outside
                           Phase,
                           Stats,
 )
+from dispatch_flops.results.utilisation import UtilisationWarning
 from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: outside __all__)
                           DECODE,
                           ENCODER,
@@ -64,6 +65,7 @@ from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: 
                           profile_generate,
 )
 from dispatch_flops.workflows.repeat import measure, profile  # noqa: F401 (profile: deprecated)
+from dispatch_flops.workflows.throughput import StepTiming, ThroughputMeter, ThroughputReading
 
 __version__ = "0.1.0"
 
@@ -89,6 +91,11 @@ __all__ = [
     "DEVICES",
     "device_spec",
     "Roofline",
+    "UtilisationWarning",
+    # training throughput and MFU, timed on uncounted steps
+    "ThroughputMeter",
+    "ThroughputReading",
+    "StepTiming",
     # generation
     "profile_generate",
     "GenerationProfile",

@@ -15,7 +15,15 @@ from typing import Any, Callable, NoReturn, Optional
 import torch
 from torch import nn
 
-from dispatch_flops import FlopCounter, FlopsProfiler, Profile, __version__, measure
+from dispatch_flops import (
+    DEVICES,
+    DeviceSpec,
+    FlopCounter,
+    FlopsProfiler,
+    Profile,
+    __version__,
+    measure,
+)
 from dispatch_flops.counter import ATTENTION_MODES
 from dispatch_flops.models import GPT, GPTConfig
 from dispatch_flops.views.table import terminal_width
@@ -126,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", metavar="PATH",
                         help="write a Chrome/Perfetto trace of the first timed run "
                              "(turns --timing on)")
+    parser.add_argument("--peaks", metavar="SPEC",
+                        help="with --timing, also print MFU and HFU against SPEC: "
+                             "'calibrate' (measure this machine's peaks first, ~5 s on a "
+                             "CPU) or a built-in device, e.g. H100-SXM (docs/peaks.md)")
     parser.add_argument("--deepspeed", action="store_true",
                         help="also print DeepSpeed's flops-profiler report of the same step, "
                              "in the same mode")
@@ -319,6 +331,12 @@ def _main(argv) -> None:
     if args.timing and device.type == "meta":
         parser.error("--timing / --trace need a real device: meta tensors hold no data and "
                      "take no time")
+    if args.peaks is not None:
+        if not args.timing:
+            parser.error("--peaks prints MFU, which needs measured time: add --timing")
+        if args.peaks != "calibrate" and args.peaks not in DEVICES:
+            parser.error(f"--peaks {args.peaks!r}: 'calibrate' or one of "
+                         f"{', '.join(DEVICES)}")
     if args.width is not None and args.width < 40:
         parser.error("--width must be >= 40")
     if args.model is not None and args.seq_len is not None:
@@ -365,6 +383,10 @@ def _main(argv) -> None:
     header = f"{label}{timing} ({elapsed:.2f} s in all)"
     print(_fitted_header(header, args.width or terminal_width()) + "\n")
     print(fc.table(depth=args.depth, width=args.width))
+    if args.peaks:
+        spec = DeviceSpec.calibrate(device) if args.peaks == "calibrate" else \
+            DEVICES[args.peaks]
+        print(f"\n{fc.mfu_text(spec)}\n{fc.hfu_text(spec)}")
     for path, write in ((args.json, fc.to_json), (args.csv, fc.to_csv),
                         (args.trace, fc.to_chrome_trace)):
         if path:

@@ -266,8 +266,10 @@ class FlopCounter(ProfileViews):
             else {},
             graph_runs=graph_runs, in_graphs=in_graphs)
         counts = Captured(tracker.ledger, mode.resolved, self._timer is not None)
-        return counts, facts, self._run_facts(pricing_errors=counts.errors,
-                                              dtensor_ops=mode.logical_ops())
+        return counts, facts, self._run_facts(
+            pricing_errors=counts.errors, dtensor_ops=mode.logical_ops(),
+            attention_calls=_facts.attention_calls(tracker, mode.resolved),
+            parameters=_facts.parameter_groups(tracker, mode.resolved))
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured

@@ -57,12 +57,19 @@ def _sparse(layouts, i):
     return layouts[i] if layouts is not None and i < len(layouts) else None
 
 
+# dtypes that pack several values into one element: their contraction dimension is that
+# many times the shape's (torch.float4_e2m1fn_x2: two fp4 values a byte)
+_PACKED = {getattr(torch, name): 2 for name in ("float4_e2m1fn_x2",) if hasattr(torch, name)}
+
+
 @register_formula([aten.mm, aten._int_mm, aten._scaled_mm, aten._sparse_mm, aten.smm,
                    aten.hspmm])
 def mm(a, b, *args, out_shape, dtypes=None, layouts=None, **kwargs) -> Cost:
     # a: [m, k], b: [k, n]; _scaled_mm's optional bias adds one flop per output element
     bias = kwargs.get("bias", args[2] if len(args) > 2 else None)
     macs = mm_macs(a, b, _sparse(layouts, 0), _sparse(layouts, 1))
+    if dtypes and _PACKED.get(dtypes[0]):  # fp4 (MX / NVFP4): two values a stored element,
+        macs *= _PACKED[dtypes[0]]  # so k is twice the shape's
     return _with_bias(macs, numel(out_shape) if bias is not None else 0, dtypes)
 
 

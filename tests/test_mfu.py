@@ -65,7 +65,8 @@ def test_mfu_text_names_the_denominator():
     assert one == f"MFU {100 * p.mfu(TOY, 'bfloat16'):.1f} % of 4 GFLOPS bf16 dense, toy"
     assert p.hfu_text(TOY).startswith("HFU ")
     h100 = DEVICES["H100-SXM"]
-    assert p.mfu_text(h100, "bfloat16").endswith("% of 989.4 TFLOPS bf16 dense, H100-SXM")
+    assert p.mfu_text(h100, "bfloat16").endswith(
+        "% of 989.4 TFLOPS bf16 dense, H100-SXM datasheet")
     with pytest.raises(ValueError, match="contraction"):
         p.mfu_text(TOY, flops="model")
 
@@ -135,21 +136,31 @@ def test_json_keeps_dtypes_and_reads_files_written_without_them(tmp_path):
         Profile.from_dict(data)
 
 
-# NVIDIA data-sheet dense (no 2:4 sparsity) bf16 tensor-core peaks, TFLOPS
+# NVIDIA data-sheet dense (no 2:4 sparsity) bf16 tensor-core peaks, TFLOPS (every device's
+# figures against docs/peaks.md: tests/test_peaks.py)
 DENSE_BF16 = {"A100-SXM4-80GB": 312, "A100-SXM4-40GB": 312, "A100-PCIE-80GB": 312,
               "H100-SXM": 989.4, "H100-PCIe": 756.5, "H100-NVL": 835.5, "H200": 989.4,
               "L4": 121}
 
 
 def test_built_in_peaks_are_dense_never_sparse():
-    assert set(DEVICES) == set(DENSE_BF16)
+    assert set(DENSE_BF16) <= set(DEVICES)
+    for name, tflops in DENSE_BF16.items():
+        assert DEVICES[name].peak_flops("bfloat16") == pytest.approx(tflops * 1e12), name
     for name, spec in DEVICES.items():
         peaks = spec.peak_flops_by_dtype
+        assert spec.source == "datasheet", name
         assert not any("sparse" in d for d in peaks), name
-        assert peaks["bfloat16"] == pytest.approx(DENSE_BF16[name] * 1e12), name
-        assert peaks["float16"] == peaks["bfloat16"], name
-        # dense tf32 is half of dense bf16; the sparse figures would double both
-        assert peaks["tf32"] == pytest.approx(peaks["bfloat16"] / 2, rel=0.01), name
+        if "bfloat16" not in peaks:
+            continue
+        if "float16" in peaks:
+            assert peaks["float16"] == peaks["bfloat16"], name
+        # dense tf32 is half of dense bf16 (NVIDIA rounds B200's to 1.1 of 2.25); the
+        # sparse figures would double both
+        if "tf32" in peaks:
+            assert peaks["tf32"] == pytest.approx(peaks["bfloat16"] / 2, rel=0.03), name
         for fp8 in ("float8_e4m3fn", "float8_e5m2"):
-            if fp8 in peaks:  # dense fp8 is twice dense bf16 (sparse fp8: four times)
-                assert peaks[fp8] == pytest.approx(2 * peaks["bfloat16"], rel=0.01), name
+            # dense fp8 is twice dense bf16 (sparse fp8: four times); Gaudi 3's matrix
+            # engines run bf16 and fp8 at one rate
+            if fp8 in peaks and name != "Gaudi3":
+                assert peaks[fp8] == pytest.approx(2 * peaks["bfloat16"], rel=0.02), name

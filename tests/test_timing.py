@@ -146,7 +146,7 @@ def test_device_table_and_bad_specs():
     h100 = device_spec("NVIDIA H100 80GB HBM3")
     assert h100.peak_flops(torch.bfloat16) > h100.peak_flops(torch.float32)
     with pytest.raises(ValueError, match="known dtypes"):
-        h100.peak_flops(torch.int8)
+        h100.peak_flops(torch.int16)
     with pytest.raises(ValueError, match="positive"):
         DeviceSpec("x", {"float32": 0}, 1e9)
     with pytest.raises(ValueError, match="positive"):

@@ -179,16 +179,39 @@ def _dtype(v):
     return None
 
 
+# integer operands a contraction runs at its own peak for (``_int_mm``: int8 x int8 ->
+# int32 on int8 tensor cores; quantized tensors' int8 kernels), filed under "int8"
+_INT8_OPERANDS = {torch.int8: "int8", torch.qint8: "int8", torch.quint8: "int8"}
+
+
 def compute_dtype(args) -> Optional[str]:
-    """The name of the first floating-point tensor argument's dtype ("bfloat16"), looking
-    into lists of tensors; None without one. Once per signature, never per call."""
+    """The name of the first floating-point tensor argument's dtype ("bfloat16",
+    "float8_e4m3fn", "float4_e2m1fn_x2"), looking into lists of tensors; without one,
+    "int8" when an argument is int8 (or a quantized int8 tensor); None otherwise. Once per
+    signature, never per call."""
+    found = _first_float(args)
+    return found if found is not None else _int8_operand(args)
+
+
+def _first_float(args) -> Optional[str]:
     for a in args:
         if a.__class__ is list or a.__class__ is tuple:
-            found = compute_dtype(a)
+            found = _first_float(a)
             if found is not None:
                 return found
         elif isinstance(a, Tensor) and a.dtype.is_floating_point:
             return str(a.dtype).replace("torch.", "")
+    return None
+
+
+def _int8_operand(args) -> Optional[str]:
+    for a in args:
+        if a.__class__ is list or a.__class__ is tuple:
+            found = _int8_operand(a)
+            if found is not None:
+                return found
+        elif isinstance(a, Tensor) and a.dtype in _INT8_OPERANDS:
+            return _INT8_OPERANDS[a.dtype]
     return None
 
 

@@ -49,8 +49,9 @@ class Signature:
     (``call``: ``(args, out_shape, kwargs)`` as the formula contract has them, or None for an
     op without a formula) and the bytes it reads and writes. Pure data (shapes, ints), never
     a tensor; priced once, when first read (``unit``). ``dtype``: the compute dtype, the
-    name of the first floating-point tensor argument's dtype ("bfloat16"), None without one:
-    MFU divides each op's flops by the peak of its dtype."""
+    name of the first floating-point tensor argument's dtype ("bfloat16"), "int8" for int8
+    operands without one (``_int_mm``), None otherwise: MFU divides each op's flops by the
+    peak of its dtype."""
 
     __slots__ = ("call", "bytes_read", "bytes_written", "dtype", "_unit")
 

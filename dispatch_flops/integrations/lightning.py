@@ -1,5 +1,5 @@
-"""``FlopsCallback`` for Lightning's ``Trainer``: flops and MFU of sampled steps logged with
-``pl_module.log``, so every Lightning logger gets them.
+"""``FlopsCallback`` for Lightning's ``Trainer``: tokens/s, flops and MFU of the training
+steps logged with ``pl_module.log``, so every Lightning logger gets them.
 
 >>> from dispatch_flops.integrations.lightning import FlopsCallback
 >>> trainer = lightning.Trainer(callbacks=[FlopsCallback(every=100)])
@@ -7,7 +7,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
+
+import torch
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -19,53 +22,70 @@ except ImportError:
                           "install lightning (or, from a clone, pip install -e "
                           "'.[lightning]')") from e
 
-from dispatch_flops.integrations._sampler import METRICS, StepSampler
-from dispatch_flops.results.roofline import DeviceSpec
+from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+from dispatch_flops.workflows.throughput import METRICS, ThroughputMeter
 
 __all__ = ["FlopsCallback", "METRICS"]
 
 
 class FlopsCallback(Callback):
-    """Counts every ``every``-th training batch after ``warmup`` (default 1) uncounted ones,
-    the whole of it (forward, backward, clipping, the optimizer step under automatic
-    optimization), and logs ``model_flops``, ``hardware_flops``, ``tokens_per_s`` (the batch's
-    ``input_ids``, or its first integer tensor) and, on a device with a known peak
-    (or ``device=``), ``mfu`` and ``hfu``, with ``pl_module.log`` at that step. Batches not
-    counted cost nothing. ``profile``: the last counted step's ``Profile``."""
+    """Measures the optimizer steps with a ``ThroughputMeter``: counts every ``every``-th step
+    after ``warmup`` (default 1) untouched ones (and a step whose batch shapes were never
+    counted), times the others without counting them, and logs with ``pl_module.log`` at each
+    step the timed steps since Lightning's last write (every ``log_every_n_steps``):
+    ``model_flops``, ``hardware_flops`` (per step), ``step_s``, ``tokens_per_s`` (the
+    batch's ``input_ids``, or its first integer tensor) and, on a device with a known peak (or
+    ``device=``), ``mfu`` = model_flops / (step_s × peak_flop_s), ``hfu`` and ``peak_flop_s``,
+    as float64 so that a logger reads them back exactly (a counted step logs the last figures
+    again). A step runs from its first batch's
+    start to the end of the batch that stepped the optimizer (every micro-batch, clipping, the
+    optimizer under automatic optimization). ``meter``: the ``ThroughputMeter``;
+    ``profile``: the last counted step's ``Profile``."""
 
     def __init__(self, every: int = 100, *, warmup: int = 1,
-                 device: Optional[DeviceSpec] = None):
-        self.sampler = StepSampler(every, warmup, device)
+                 device: Optional[DeviceSpec] = None, dtype: Optional[DTypeLike] = None):
+        self._meter = partial(ThroughputMeter, every=every, warmup=warmup, device=device,
+                              dtype=dtype)
+        self.meter = self._meter()  # checks them; the model comes later
+        self._step_at: Optional[int] = None  # global_step when the running step began
+        self._last: dict = {}  # the metrics logged last
 
     @property
     def profile(self):
-        return self.sampler.profile
+        return self.meter.profile
+
+    def on_train_start(self, trainer, pl_module):
+        self.meter = self._meter(pl_module)
+        self._step_at, self._last = None, {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.sampler.counts(trainer.global_step):
-            self.sampler.begin(pl_module, trainer.global_step, _tokens(batch))
+        if self._step_at is None:
+            self._step_at = trainer.global_step
+            self.meter.begin(batch)
+        else:  # a later micro-batch of the same optimizer step
+            self.meter.note(batch)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        metrics = self.sampler.end()
-        if metrics:
-            self.sampler.take()
-            pl_module.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True,
-                               on_epoch=False, batch_size=1)
+        if self._step_at is None or trainer.global_step == self._step_at:
+            return  # accumulating gradients: the step goes on
+        self._step_at = None
+        self.meter.end()
+        # the window's figures at every step (callback_metrics, the progress bar); a new
+        # window once a logger wrote them. A step with no timed step in the window (a
+        # counted one) logs the last figures again, as Lightning would anyway.
+        reading = self.meter.take() if _writes_logs(trainer) else self.meter.window()
+        if reading is not None:
+            self._last = {k: torch.tensor(v, dtype=torch.float64)
+                          for k, v in reading.metrics().items()}
+        if self._last:
+            pl_module.log_dict(self._last, on_step=True, on_epoch=False, batch_size=1)
 
     def on_train_end(self, trainer, pl_module):
-        self.sampler.abandon()
+        self.meter.abandon()
+        self._step_at = None
 
 
-def _tokens(batch) -> int:
-    """Token ids in a batch: its ``input_ids``, else its first integer tensor's elements."""
-    if isinstance(batch, dict):
-        ids = batch.get("input_ids")
-        values = [ids] if ids is not None else list(batch.values())
-    elif isinstance(batch, (list, tuple)):
-        values = list(batch)
-    else:
-        values = [batch]
-    for value in values:
-        if hasattr(value, "is_floating_point") and not value.is_floating_point():
-            return value.numel()
-    return 0
+def _writes_logs(trainer) -> bool:
+    """Whether Lightning writes its logs after this batch (every ``log_every_n_steps``)."""
+    connector = getattr(trainer, "_logger_connector", None)
+    return bool(getattr(connector, "should_update_logs", True))

@@ -1,14 +1,15 @@
-"""``FlopsCallback`` for transformers' ``Trainer``: flops and MFU of sampled steps in the
-trainer's own logs (TensorBoard, W&B, CSV... whatever ``report_to`` names).
+"""``FlopsCallback`` for transformers' ``Trainer``: tokens/s, flops and MFU of the training
+steps in the trainer's own logs (TensorBoard, W&B, CSV... whatever ``report_to`` names).
 
 >>> from dispatch_flops.integrations.transformers import FlopsCallback
 >>> trainer = Trainer(model, args, train_dataset=data, callbacks=[FlopsCallback(every=100)])
->>> trainer.train()   # logs carry model_flops, hardware_flops, tokens_per_s (and mfu, hfu)
+>>> trainer.train()   # logs carry model_flops, hardware_flops, tokens_per_s, step_s (mfu, hfu)
 """
 
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Optional
 
 try:
@@ -19,29 +20,35 @@ except ImportError as e:  # say which package: the name alone reads like our own
                       "install transformers (or, from a clone, pip install -e "
                       "'.[transformers]')") from e
 
-from dispatch_flops.integrations._sampler import METRICS, StepSampler
-from dispatch_flops.results.roofline import DeviceSpec
+from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+from dispatch_flops.workflows.throughput import METRICS, ThroughputMeter
 
 __all__ = ["FlopsCallback", "METRICS"]
 
 
 class FlopsCallback(TrainerCallback):
-    """Counts every ``every``-th optimizer step after ``warmup`` (default 1) uncounted ones,
-    the whole step (forward and backward of every micro-batch, clipping, the optimizer), and
-    adds to the next logs: ``model_flops`` (forward + backward), ``hardware_flops`` (all
-    executed), ``tokens_per_s`` (``input_ids`` tokens / the step's wall time) and, on a device
-    with a known peak (or ``device=``), ``mfu`` and ``hfu``. Steps not counted cost nothing.
-    ``profile``: the last counted step's ``Profile``, every view of it.
+    """Measures the optimizer steps with a ``ThroughputMeter``: counts every ``every``-th step
+    after ``warmup`` (default 1) untouched ones (and a step whose inputs' shapes were never
+    counted), times the others without counting them, and adds to each log the timed steps
+    since the previous log: ``model_flops`` and ``hardware_flops`` (per step, from the last
+    counted step with the same input shapes), ``step_s`` (mean time of a timed step),
+    ``tokens_per_s`` (``input_ids`` tokens / ``step_s``) and, on a device with a known peak
+    (or ``device=``), ``mfu`` = model_flops / (step_s × peak_flop_s), ``hfu`` likewise, and
+    ``peak_flop_s``. A step spans every micro-batch's forward and backward, clipping and the
+    optimizer. ``meter``: the ``ThroughputMeter`` (``meter.reading()``: the whole run);
+    ``profile``: the last counted step's ``Profile``.
 
     It moves itself ahead of the reporting callbacks so that they log its values."""
 
     def __init__(self, every: int = 100, *, warmup: int = 1,
-                 device: Optional[DeviceSpec] = None):
-        self.sampler = StepSampler(every, warmup, device)
+                 device: Optional[DeviceSpec] = None, dtype: Optional[DTypeLike] = None):
+        self._meter = partial(ThroughputMeter, every=every, warmup=warmup, device=device,
+                              dtype=dtype)
+        self.meter = self._meter()  # checks them; the model comes later
 
     @property
     def profile(self):
-        return self.sampler.profile
+        return self.meter.profile
 
     def _first(self) -> None:
         # reporters (TensorBoard, W&B) come before user callbacks and read ``logs`` in
@@ -51,23 +58,27 @@ class FlopsCallback(TrainerCallback):
             handler.callbacks.remove(self)
             handler.callbacks.insert(0, self)
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._first()
+        self.meter = self._meter(model)
 
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
-        if self.sampler.counts(state.global_step) and model is not None:
-            self.sampler.begin(model, state.global_step)
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.meter.abandon()  # a step left open (none normally)
+        self.meter.begin()  # the model's inputs are its signature and tokens
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.sampler.end()
+        self.meter.end()
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.sampler.abandon()
+        self.meter.abandon()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is not None:
-            metrics = self.sampler.take()
-            logs.update(metrics)
-            if metrics and state.log_history and state.log_history[-1].get("step") == \
-                    state.global_step:
-                state.log_history[-1].update(metrics)
+        if logs is None:
+            return
+        reading = self.meter.take()
+        if reading is None:
+            return
+        metrics = reading.metrics()
+        logs.update(metrics)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(metrics)

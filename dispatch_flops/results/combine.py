@@ -80,6 +80,24 @@ def _sum_dtensor_ops(values: list, first) -> tuple:
     return tuple(k + tuple(v) for k, v in out.items())
 
 
+def _sum_attention_calls(values: list, first) -> tuple:
+    out: dict = {}
+    for calls in values:
+        for *key, n in calls:
+            out[tuple(key)] = out.get(tuple(key), 0) + n
+    return tuple(k + (n,) for k, n in out.items())
+
+
+def _mean_attention_calls(value: tuple, n: int) -> tuple:
+    return tuple(tuple(c[:-1]) + (_mean(c[-1], n),) for c in value)
+
+
+def _minus_attention_calls(later: tuple, earlier: tuple) -> tuple:
+    before = {tuple(c[:-1]): c[-1] for c in earlier}
+    out = ((tuple(c[:-1]), c[-1] - before.get(tuple(c[:-1]), 0)) for c in later)
+    return tuple(k + (n,) for k, n in out if n)
+
+
 def _keep(value, *_) -> Any:
     return value
 
@@ -174,6 +192,9 @@ RUN_RULES: dict[str, Rule] = {
     "world_size": Rule(_first),
     "pricing_errors": Rule(_union),
     "dtensor_ops": Rule(_sum_dtensor_ops),
+    "attention_calls": Rule(_sum_attention_calls, _mean_attention_calls,
+                            _minus_attention_calls),
+    "parameters": Rule(_first),
 }
 RULES = {ModuleFacts: MODULE_RULES, RunFacts: RUN_RULES}
 
@@ -265,8 +286,11 @@ def since(later: Profile, earlier: Profile) -> Profile:
     for key, counts in earlier.rows:
         rows[key] = [a - b for a, b in zip(rows.get(key, (0,) * len(counts)), counts)]
     facts, before = later.module_facts, earlier.module_facts
+    run, run_before = later.run, earlier.run
     return later.replace(
         rows=[(k, tuple(v)) for k, v in rows.items() if any(v)],
         module_facts=_combined([facts], lambda rule, name: rule.minus(
             getattr(facts, name), getattr(before, name))),
+        run=_combined([run], lambda rule, name: rule.minus(
+            getattr(run, name), getattr(run_before, name))),
         parts=(), ranks=(), trace=None)

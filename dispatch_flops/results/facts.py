@@ -36,7 +36,10 @@ class RunFacts:
     block's wall time (timing on), the steps it holds (``merge`` adds them), and the rank and
     world size (``None`` outside ``torch.distributed``). ``dtensor_ops``: the DTensor-level
     calls the rank's counts unwrap, at their global (logical) shapes: ``(overload, shapes,
-    calls, flops, macs)`` each (see ``Profile.logical``)."""
+    calls, flops, macs)`` each (see ``Profile.logical``). ``attention_calls`` and
+    ``parameters``: what the MFU conventions read (``conventions``): the forward attention
+    calls, ``(stack, batch, heads, q_len, k_len, head_dim, value_dim, causal, calls)`` each,
+    and the model's parameters in groups, ``(name, count)`` pairs (``engine.facts``)."""
 
     model: str = GLOBAL  # the root's label: the model's class name
     has_model: bool = False
@@ -57,3 +60,5 @@ class RunFacts:
     # torch.backends.cuda.matmul.allow_tf32 when the block began: fp32 matmuls run on tf32
     # tensor cores, and MFU divides their flops by the tf32 peak
     allow_tf32: bool = False
+    attention_calls: tuple = ()
+    parameters: tuple = ()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
-from dispatch_flops.results import aggregate, present, schema, utilisation
+from dispatch_flops.results import aggregate, conventions, present, schema, utilisation
 from dispatch_flops.results.roofline import DeviceSpec, Roofline
 from dispatch_flops.results.stats import (
     CATEGORIES,
@@ -218,23 +218,26 @@ class ProfileViews:
         (PaLM, Megatron, torchtitan count the contractions); ``flops="all"``:
         ``model_flops()``, every op's arithmetic (element-wise work too). ``ValueError`` on
         an untimed run, an unknown device (pass ``device=DeviceSpec(...)``) or a dtype the
-        device has no peak for; ``mfu_text`` says which instead of raising."""
-        return utilisation.utilisation(self.to_profile(), "mfu", MODEL_PHASES, device, dtype,
-                                       flops)[0]
+        device has no peak for; ``mfu_text`` says which instead of raising. A figure above 1
+        (100 %) is impossible: it comes with a ``UtilisationWarning`` naming the likely
+        causes (a peak too low, a sparse datasheet figure, a wrong dtype)."""
+        return utilisation.checked_utilisation(self.to_profile(), "mfu", MODEL_PHASES, device,
+                                               dtype, flops)
 
     def hfu(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
             flops: str = "contraction") -> float:
         """Hardware flops utilisation: every flop executed (recompute and optimizer too) at
         the peak of its dtype / wall time; as ``mfu`` (``"all"``: ``hardware_flops()``)."""
-        return utilisation.utilisation(self.to_profile(), "hfu", PHASES, device, dtype,
-                                       flops)[0]
+        return utilisation.checked_utilisation(self.to_profile(), "hfu", PHASES, device,
+                                               dtype, flops)
 
     def mfu_text(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
                  flops: str = "contraction") -> str:
         """MFU with its denominator, as printed: ``"MFU 41.3 % of 989.4 TFLOPS bf16 dense,
-        H100-SXM"`` (``"... of per-op dtype peaks (bf16 989.4, fp32 66.9 TFLOPS dense)
-        ..."`` for mixed dtypes), or why there is none: ``"no MFU: unknown device 'cpu'
-        (...)"``."""
+        H100-SXM datasheet"`` (``"... of per-op dtype peaks (bf16 989.4, fp32 66.9 TFLOPS
+        dense) ..."`` for mixed dtypes; ``"..., calibrated on cpu"`` against
+        ``DeviceSpec.calibrate()``), or why there is none: ``"no MFU: unknown device 'cpu'
+        (...)"``. A figure above 100 % carries the reason it cannot be right."""
         return utilisation.utilisation_text(self.to_profile(), "mfu", MODEL_PHASES, device,
                                             dtype, flops)
 
@@ -244,12 +247,29 @@ class ProfileViews:
         return utilisation.utilisation_text(self.to_profile(), "hfu", PHASES, device, dtype,
                                             flops)
 
+    def conventions(self, tokens: Optional[int] = None, tokens_per_s: Optional[float] = None,
+                    device: Optional[DeviceSpec] = None,
+                    dtype: DTypeLike = None) -> conventions.Conventions:
+        """The field's MFU conventions side by side, per token: the run's measured flops,
+        6N with and without embeddings, PaLM's 6N + 12·L·H·Q·T (and causal-halved),
+        torchtitan's 6(N − E) + 12·L·H·Q·T and Megatron's ``num_floating_point_operations``,
+        each from what the run saw (parameters in the module tree, attention calls, layers),
+        with the named differences between them (``results.conventions``). ``tokens``: the
+        tokens the counted run processed (default: ``b·s`` of its attention calls). Given
+        ``tokens_per_s`` (a measured throughput), the MFU under each, against ``device``
+        (see ``device``) at ``dtype`` (the model's when None). ``print()`` it for the table.
+
+        >>> print(fc.conventions(tokens_per_s=2973, device=DEVICES["A100-SXM4-80GB"]))
+        """
+        return conventions.conventions(self.to_profile(), tokens, tokens_per_s, device, dtype)
+
     def flops_by_dtype(self, phase: Optional[str] = None, *,
                        flops: str = "contraction") -> dict[Optional[str], int]:
         """``{compute dtype: flops}`` of the ops that do arithmetic (one phase, or all):
-        the numerators MFU divides by each dtype's peak. ``None``: ops without a
-        floating-point argument, and runs read from files written before dtypes were kept
-        (MFU takes the model's dtype for them)."""
+        the numerators MFU divides by each dtype's peak. ``"int8"``: ops whose operands are
+        int8 and none floating point (``torch._int_mm``). ``None``: ops without a
+        floating-point or int8 argument, and runs read from files written before dtypes were
+        kept (MFU takes the model's dtype for them)."""
         utilisation.check_phase(phase)
         out: dict[Optional[str], int] = {}
         phases = PHASES if phase is None else (phase,)

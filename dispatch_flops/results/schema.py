@@ -96,6 +96,9 @@ def to_dict(profile: Profile) -> dict:
         "pricing_errors": list(run.pricing_errors),
         "dtensor_ops": [{"overload": o, "shapes": [list(s) for s in shapes], "calls": c,
                          "flops": f, "macs": m} for o, shapes, c, f, m in run.dtensor_ops],
+        "attention_calls": [dict(zip(_ATTENTION_FIELDS, (list(c[0]),) + tuple(c[1:])))
+                            for c in run.attention_calls],
+        "parameters": [{"group": g, "count": n} for g, n in run.parameters],
         "modules": [
             {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
              "forward_span_ns": facts.spans.get(name)}
@@ -278,6 +281,11 @@ def _facts(data: dict) -> tuple[ModuleFacts, RunFacts]:
     run_fields["dtensor_ops"] = tuple(
         (o["overload"], tuple(tuple(s) for s in o["shapes"]), o["calls"], o["flops"],
          o["macs"]) for o in run_fields.get("dtensor_ops", ()))
+    run_fields["attention_calls"] = tuple(
+        (tuple(c["stack"]),) + tuple(c[f] for f in _ATTENTION_FIELDS[1:])
+        for c in run_fields.get("attention_calls", ()))
+    run_fields["parameters"] = tuple((g["group"], g["count"])
+                                     for g in run_fields.get("parameters", ()))
     run = RunFacts(model=data["model"], **run_fields)
     modules = data["modules"]
     facts = ModuleFacts(
@@ -384,6 +392,13 @@ _DTENSOR_OP = validate.obj({
     "overload": (validate.text, True),
     "shapes": (validate.list_of(validate.shape, "shapes"), True),
     **{c: (validate.count, True) for c in ("calls", "flops", "macs")}})
+_ATTENTION_FIELDS = ("stack", "batch", "heads", "q_len", "k_len", "head_dim", "value_dim",
+                     "causal", "calls")
+_ATTENTION_CALL = validate.obj({
+    "stack": (validate.stack, True), "causal": (validate.optional(validate.flag), True),
+    **{f: (validate.count, True) for f in _ATTENTION_FIELDS[1:] if f not in ("stack", "causal")}})
+_PARAMETER_GROUP = validate.obj({"group": (validate.text, True),
+                                 "count": (validate.count, True)})
 # files written before them lack the fields that are not required
 _RUN = validate.obj({
     "model": (validate.text, True), "timing": (validate.flag, True),
@@ -400,6 +415,8 @@ _RUN = validate.obj({
     "world_size": (validate.optional(validate.positive), False),
     "pricing_errors": (validate.names, False),
     "dtensor_ops": (validate.list_of(_DTENSOR_OP, "DTensor ops"), False),
+    "attention_calls": (validate.list_of(_ATTENTION_CALL, "attention calls"), False),
+    "parameters": (validate.list_of(_PARAMETER_GROUP, "parameter groups"), False),
     "saved": (validate.list_of(_SAVED, "saved bytes"), False),
     "graph_runs": (validate.list_of(_GRAPH_RUN, "graph runs"), False),
     "in_graphs": (validate.names, False)})

@@ -7,9 +7,10 @@ peak / wall time. ``ProfileViews.mfu`` documents the figure; this module compute
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from dispatch_flops.results.roofline import DEVICES, DeviceSpec, Roofline, device_spec
+from dispatch_flops.results.roofline import DEVICES, DeviceSpec, Roofline, match_device
 from dispatch_flops.results.roofline import _dtype_name as dtype_name
 from dispatch_flops.results.rows import ROW
 from dispatch_flops.results.stats import PHASES, Stats
@@ -19,7 +20,35 @@ if TYPE_CHECKING:
 
 UTILISATION_FLOPS = ("contraction", "all")  # mfu/hfu numerators: 2 x MACs, or every op's
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
-                 "tf32": "tf32", "float8_e4m3fn": "fp8 e4m3", "float8_e5m2": "fp8 e5m2"}
+                 "tf32": "tf32", "float8_e4m3fn": "fp8 e4m3", "float8_e5m2": "fp8 e5m2",
+                 "float8_e4m3fnuz": "fp8 e4m3fnuz", "float8_e5m2fnuz": "fp8 e5m2fnuz",
+                 "float4_e2m1fn_x2": "fp4", "int8": "int8"}
+INTEGER_DTYPES = ("int8",)  # compute dtypes of integer contractions (``_int_mm``)
+
+
+class UtilisationWarning(UserWarning):
+    """An MFU or HFU above 1 (100 %): the run did more flops per second than the peak it is
+    divided by, so the peak is wrong for it (see ``over_one``)."""
+
+
+def over_one(value: float, spec: DeviceSpec, explicit_dtype: bool = False) -> str:
+    """Why a utilisation above 1 cannot be right, and what to check: the likely causes,
+    this spec's first."""
+    causes = []
+    if spec.source == "calibrated":
+        causes.append("the calibrated peak is below what this run reached (calibrate with a "
+                      "larger budget_s, or use the datasheet spec)")
+    else:
+        causes.append("the peak is too low for this device (another device's spec, or a "
+                      "figure at base rather than boost clock)")
+        causes.append("a sparse (2:4) datasheet figure where the run is dense, or the reverse: "
+                      "take the dense one, half the sparse")
+    causes.append("a wrong dtype for the peak (" + (
+        "dtype= names a slower dtype than the ops ran in; leave it None for each op's own"
+        if explicit_dtype else "check flops_by_dtype(): ops in a faster dtype than their "
+        "peak's, e.g. fp8 or int8 counted at the bf16 peak") + ")")
+    return (f"above 100 % ({value:.2f}x the peak): impossible, so the peak is wrong; likely "
+            "causes: " + "; ".join(causes))
 
 
 def flops_figure(flops: str) -> Callable[[Stats], int]:
@@ -44,23 +73,42 @@ def require_timing(profile: Profile, what: str) -> None:
 
 
 def device_of(profile: Profile, device: Optional[DeviceSpec] = None) -> DeviceSpec:
-    """``device`` when given; else the built-in spec of the GPU the run was made on, or of
-    the current GPU; ``ValueError`` naming the device and how to pass a spec."""
+    """``device`` when given; else the built-in spec of the GPU the run was made on (its
+    recorded name), or of the current GPU (its name and properties); ``ValueError`` naming
+    the device and how to pass or measure a spec, never another device's figures."""
     if device is not None:
         if not isinstance(device, DeviceSpec):
             raise TypeError(f"device must be a DeviceSpec, got {type(device).__name__}")
         return device
     run = profile.run
-    found = device_spec(run.device_name) if run.device_name else None
-    if found is None:
-        found = device_spec()
-    if found is None:
-        label = run.device_name or run.device or "cpu"
-        raise ValueError(f"unknown device {label!r}: no built-in "
-                         f"DeviceSpec for it (built in: {sorted(DEVICES)}); pass "
-                         "device=DeviceSpec(name, {'bfloat16': flop_s}, bytes_s) or "
-                         "DeviceSpec.cpu(flop_s, bytes_s)")
-    return found
+    why = ""
+    if run.device_name:
+        key, why = match_device(run.device_name)
+        if key:
+            return DEVICES[key]
+    current = _current_device()
+    if current is not None:
+        key, why_current = match_device(*current)
+        if key:
+            return DEVICES[key]
+        why = why or why_current
+    label = run.device_name or run.device or "cpu"
+    raise ValueError(f"unknown device {label!r}: {why or 'no built-in DeviceSpec for it'} "
+                     f"(built in: {', '.join(DEVICES)}); pass device=DeviceSpec(name, "
+                     "{'bfloat16': flop_s}, bytes_s) or DeviceSpec.cpu(flop_s, bytes_s), or "
+                     "measure this machine's peaks: device=DeviceSpec.calibrate() "
+                     "(docs/peaks.md)")
+
+
+def _current_device() -> Optional[tuple]:
+    """``(name, total memory, multiprocessors)`` of the current CUDA / ROCm device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return (torch.cuda.get_device_name(), getattr(props, "total_memory", None),
+            getattr(props, "multi_processor_count", None))
 
 
 def roofline_by_operator(profile: Profile, device: Optional[DeviceSpec], dtype
@@ -96,7 +144,10 @@ def flops_by_dtype(profile: Profile, phases: Sequence[str], flops: str
 def _peak_dtype(profile: Profile, dtype: Optional[str], contraction: bool,
                 spec: DeviceSpec) -> str:
     """The peak an op of compute ``dtype`` runs at: the model's dtype when unknown; fp32
-    contractions at tf32 when allow_tf32 was on (and the device has tensor cores)."""
+    contractions at tf32 when allow_tf32 was on (and the device has tensor cores); integer
+    element-wise work (no contraction) at the model's, as ops without a dtype."""
+    if dtype in INTEGER_DTYPES and not contraction:
+        dtype = None
     dtype = dtype or profile.run.dtype
     if (dtype == "float32" and contraction and profile.run.allow_tf32
             and "tf32" in spec.peak_flops_by_dtype):
@@ -113,11 +164,17 @@ def _peaks_text(spec: DeviceSpec, per_peak: dict[str, int]) -> str:
     def peak(d: str) -> str:
         return f"{spec.peak_flops(d) / scale:.4g}"
 
+    if spec.source == "datasheet":
+        whose = f"{spec.name} datasheet"
+    elif spec.source == "calibrated":
+        whose = f"calibrated on {spec.name}"
+    else:
+        whose = spec.name
     if len(dtypes) == 1:
         d = dtypes[0]
-        return f"{peak(d)} {unit} {_SHORT_DTYPES.get(d, d)} dense, {spec.name}"
+        return f"{peak(d)} {unit} {_SHORT_DTYPES.get(d, d)} dense, {whose}"
     each = ", ".join(f"{_SHORT_DTYPES.get(d, d)} {peak(d)}" for d in dtypes)
-    return f"per-op dtype peaks ({each} {unit} dense), {spec.name}"
+    return f"per-op dtype peaks ({each} {unit} dense), {whose}"
 
 
 def utilisation(profile: Profile, what: str, phases: Sequence[str],
@@ -144,6 +201,18 @@ def utilisation(profile: Profile, what: str, phases: Sequence[str],
     return seconds / (wall_s * devices), _peaks_text(spec, per_peak)
 
 
+def checked_utilisation(profile: Profile, what: str, phases: Sequence[str],
+                        device: Optional[DeviceSpec], dtype, flops: str) -> float:
+    """``utilisation``'s figure, with a ``UtilisationWarning`` when it is above 1."""
+    value, peaks = utilisation(profile, what, phases, device, dtype, flops)
+    if value > 1:
+        spec = device_of(profile, device)
+        warnings.warn(f"{what.upper()} {100 * value:.1f} % of {peaks} is "
+                      f"{over_one(value, spec, dtype is not None)}", UtilisationWarning,
+                      stacklevel=3)
+    return value
+
+
 def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
                      device: Optional[DeviceSpec], dtype, flops: str) -> str:
     """``utilisation`` in words, or why there is none."""
@@ -152,4 +221,8 @@ def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
         value, peaks = utilisation(profile, what, phases, device, dtype, flops)
     except ValueError as e:
         return f"no {what.upper()}: {e}"
-    return f"{what.upper()} {100 * value:.1f} % of {peaks}"
+    text = f"{what.upper()} {100 * value:.1f} % of {peaks}"
+    if value > 1:
+        spec = device_of(profile, device)
+        text += f" -- {over_one(value, spec, dtype is not None)}"
+    return text

@@ -1,0 +1,192 @@
+"""Measured peaks: ``DeviceSpec.calibrate()``, a device's achievable dense matmul flop/s per
+dtype and streaming memory bandwidth, measured on this machine in a few seconds.
+
+What it runs, within ``budget_s`` (default 5 s on a CPU, 10 s on a GPU, at most 30 s):
+
+* bandwidth: ``dst.copy_(src)`` of a buffer far larger than the caches (a GPU: up to 1 GiB,
+  an eighth of its memory at most; a CPU: 128 MiB), bytes read + written / time;
+* each dtype: square ``a @ b`` (``torch._int_mm`` for int8, ``torch._scaled_mm`` for fp8)
+  grown until one product takes a measurable time, then repeated; 2·n³ flops a product;
+  on CUDA float32 runs with tf32 off and ``"tf32"`` with it on (the setting is restored).
+
+Each figure is the best repetition: what the device was seen to reach, the achievable peak
+(below a datasheet's, which assumes boost clocks and perfect kernels). GPU times come from
+CUDA events after a synchronize; CPU ones from the host clock. A dtype the device does not
+run (an error, or a product slower than a thousandth of float32's) is left out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Union
+
+import torch
+
+MAX_BUDGET_S = 30.0
+DEFAULT_BUDGET_S = {"cpu": 5.0, "gpu": 10.0}
+_CPU_COPY_BYTES = 128 << 20
+_GPU_COPY_BYTES = 1 << 30
+
+
+def _resolve(device: Union[str, torch.device, None]) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"calibrate: device must be 'cpu', 'cuda' or 'cuda:N'; got "
+                         f"{device!r} ({e})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("calibrate: device 'cuda' asked, but no CUDA device is available "
+                             "here; calibrate 'cpu', or run on the GPU you want measured")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+    elif resolved.type != "cpu":
+        raise ValueError(f"calibrate: device must be 'cpu', 'cuda' or 'cuda:N'; got "
+                         f"{device!r}")
+    return resolved
+
+
+class _Clock:
+    """Seconds one call of ``fn`` takes: CUDA events around it (then a synchronize) on a
+    GPU, the host clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return start.elapsed_time(end) / 1e3
+        began = time.perf_counter()
+        fn()
+        return time.perf_counter() - began
+
+
+def _best_rate(clock: _Clock, make: Callable[[int], tuple[Callable[[], object], float]],
+               slice_s: float, sizes: tuple[int, int]) -> Optional[float]:
+    """The best work / second of ``make(n)``'s call (``(call, work)``): ``n`` doubled from
+    ``sizes[0]`` while a call stays short (up to ``sizes[1]``), then repeated until
+    ``slice_s`` is spent. ``None`` when the call fails on this device."""
+    deadline = time.perf_counter() + slice_s
+    n, best = sizes[0], 0.0
+    try:
+        call, work = make(n)
+        call()  # warm-up: kernels picked, pages touched
+        took = clock(call)
+        best = work / took if took > 0 else 0.0
+        # a doubled square product takes ~8x: grow while that stays within half the slice (a
+        # small product is mostly overhead, and on a busy machine mostly waiting)
+        while n * 2 <= sizes[1] and 8 * took < slice_s / 2 and time.perf_counter() < deadline:
+            n *= 2
+            call, work = make(n)
+            call()
+            took = clock(call)
+            best = max(best, work / took if took > 0 else 0.0)
+        while time.perf_counter() + took < deadline:
+            took = clock(call)
+            best = max(best, work / took if took > 0 else 0.0)
+    except (RuntimeError, TypeError, NotImplementedError, ValueError):
+        return None
+    return best or None
+
+
+def _matmuls(device: torch.device) -> dict[str, Callable[[int], tuple[Callable, float]]]:
+    """What each dtype's product is: ``make(n) -> (call, flops)``."""
+
+    def plain(dtype: torch.dtype):
+        def make(n: int):
+            a = torch.randn(n, n, device=device).to(dtype)
+            b = torch.randn(n, n, device=device).to(dtype)
+            return (lambda: torch.mm(a, b)), 2.0 * n ** 3
+        return make
+
+    def int8(n: int):
+        a = torch.randint(-8, 8, (n, n), dtype=torch.int8, device=device)
+        b = torch.randint(-8, 8, (n, n), dtype=torch.int8, device=device)
+        return (lambda: torch._int_mm(a, b)), 2.0 * n ** 3
+
+    def fp8(n: int):
+        a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major
+        scale = torch.tensor(1.0, device=device)
+        return (lambda: torch._scaled_mm(a, b, scale, scale, out_dtype=torch.bfloat16)), \
+            2.0 * n ** 3
+
+    makers = {"float32": plain(torch.float32), "bfloat16": plain(torch.bfloat16),
+              "float16": plain(torch.float16), "float64": plain(torch.float64)}
+    if device.type == "cuda":
+        makers["tf32"] = plain(torch.float32)
+    if hasattr(torch, "_int_mm"):
+        makers["int8"] = int8
+    if hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn"):
+        makers["float8_e4m3fn"] = fp8
+    return makers
+
+
+def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
+              name: Optional[str]) -> tuple[str, dict[str, float], float, Optional[tuple]]:
+    """``DeviceSpec.calibrate``'s measurements: ``(name, peaks, bandwidth, identity)``,
+    ``identity`` the GPU's ``(name, total memory, multiprocessors)`` (None on a CPU)."""
+    resolved = _resolve(device)
+    kind = "gpu" if resolved.type == "cuda" else "cpu"
+    if budget_s is None:
+        budget_s = DEFAULT_BUDGET_S[kind]
+    if not (isinstance(budget_s, (int, float)) and 0 < budget_s <= MAX_BUDGET_S):
+        raise ValueError(f"calibrate: budget_s must be a number of seconds in (0, "
+                         f"{MAX_BUDGET_S:g}], got {budget_s!r}")
+    clock = _Clock(resolved)
+    started = time.perf_counter()
+    deadline = started + budget_s * 0.95  # set-up and the last repetition's overrun
+    makers = _matmuls(resolved)
+    shares = len(makers) + 1  # the copy takes one share
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    if kind == "gpu":
+        total = torch.cuda.get_device_properties(resolved).total_memory
+        nbytes = min(_GPU_COPY_BYTES, total // 8)
+        sizes = (1024, 16384)
+    else:
+        nbytes, sizes = _CPU_COPY_BYTES, (256, 4096)
+
+    def copy(_n: int):
+        src = torch.empty(nbytes, dtype=torch.uint8, device=resolved)
+        dst = torch.empty_like(src)
+        src.fill_(1)
+        return (lambda: dst.copy_(src)), 2.0 * nbytes  # read once, written once
+
+    try:
+        peaks: dict[str, float] = {}
+        bandwidth = None
+        for done, (dtype, make) in enumerate(makers.items()):
+            left = deadline - time.perf_counter()
+            if done == 1:  # float32 and the copy are measured whatever the time left
+                bandwidth = _best_rate(clock, copy, max(left, 0) / (shares - done), (1, 1))
+                left = deadline - time.perf_counter()
+            if left <= 0 and dtype != "float32":
+                break
+            if kind == "gpu":
+                torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            rate = _best_rate(clock, make, max(left, 0) / (shares - done - 1), sizes)
+            # a dtype emulated far below float32 (no kernel for it) is no peak to divide by
+            if rate and (dtype == "float32" or rate > peaks.get("float32", 0) / 1000):
+                peaks[dtype] = rate
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32_before
+    if not bandwidth or "float32" not in peaks:
+        raise RuntimeError(f"calibrate: could not time a float32 matmul and a copy on "
+                           f"{resolved} within {budget_s:g} s; give a larger budget_s")
+    label = name or (torch.cuda.get_device_name(resolved) if kind == "gpu" else "cpu")
+    identity = None
+    if kind == "gpu":  # what names it in DEVICES, whose links it keeps (links are not timed)
+        props = torch.cuda.get_device_properties(resolved)
+        identity = (torch.cuda.get_device_name(resolved), props.total_memory,
+                    props.multi_processor_count)
+    return label, peaks, bandwidth, identity
