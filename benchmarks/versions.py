@@ -1,7 +1,7 @@
 """Is this version slower than that one? Versions of the package timed side by side, in one run.
 
 On a shared machine a ratio moves by 0.1 from one run to the next (the machine's speed itself
-moves: README, Overhead), so "no worse than before" cannot be read off two runs made hours
+moves: docs/overhead.md), so "no worse than before" cannot be read off two runs made hours
 apart. This times several versions in the same paired rounds (``_paired.py``): each git
 revision named is unpacked into a temporary directory as a package of its own name (the
 package and its formulas, imports renamed) and imported beside the working tree's, and every

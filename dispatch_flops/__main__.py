@@ -15,7 +15,15 @@ from typing import Any, Callable, NoReturn, Optional
 import torch
 from torch import nn
 
-from dispatch_flops import DEVICES, DeviceSpec, FlopCounter, FlopsProfiler, Profile, measure
+from dispatch_flops import (
+    DEVICES,
+    DeviceSpec,
+    FlopCounter,
+    FlopsProfiler,
+    Profile,
+    __version__,
+    measure,
+)
 from dispatch_flops.counter import ATTENTION_MODES
 from dispatch_flops.models import GPT, GPTConfig
 from dispatch_flops.views.table import terminal_width
@@ -68,8 +76,19 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the usage is for ``--help``, not in front of every
+    mistake."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith(("unrecognized arguments", "the following arguments",
+                               "ambiguous option")):
+            message += f" ({self.prog} --help lists the options)"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dispatch-flops",
         description="Count the flops, MACs and bytes of every aten op a model runs, by module "
                     "(and time them with --timing). With no MODULE:FACTORY, profiles the "
@@ -78,13 +97,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("model", nargs="?", metavar="MODULE:FACTORY",
                         help="a factory returning the model, e.g. dispatch_flops.models:GPT "
                              "or path/to/file.py:build")
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {__version__} (torch {torch.__version__})")
     parser.add_argument("--input-shape", type=_shape, action="append", metavar="N,C,...",
                         help="shape of one input (repeat for several inputs)")
     parser.add_argument("--dtype", type=_dtype, metavar="DTYPE",
                         help="the model's (and float inputs') dtype: bf16, fp16, fp32, fp64; "
                              "default: as the factory builds it")
     parser.add_argument("--input-dtype", type=_dtype, metavar="DTYPE",
-                        help="the inputs' dtype when it differs (int64 for token ids)")
+                        help="the inputs' dtype when it differs (int64 for token ids; "
+                             "the default for a model whose first layer is an Embedding)")
     parser.add_argument("--device", default="cpu",
                         help="cpu (default), cuda, cuda:N, or meta (shapes only, no data)")
     parser.add_argument("--backward", action="store_true",
@@ -288,6 +310,9 @@ def main(argv=None) -> None:
     except KeyboardInterrupt:
         print("dispatch-flops: interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # `dispatch-flops | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        sys.exit(0)
     except SystemExit:
         raise
     except BaseException as e:  # a case no check below foresaw: still one line
@@ -350,10 +375,14 @@ def _main(argv) -> None:
                 step(*inputs)
             fc = counter.to_profile()  # measure's result too: one type for the views below
     except (Exception, SystemExit) as e:  # the model's own sys.exit too: nothing counted
-        _fail(f"running {label} failed: {_one_line(e)}")
+        hint = ""
+        if inputs and all(t.is_floating_point() for t in inputs) and \
+                "indices" in str(e) and ("Long" in str(e) or "Int" in str(e)):
+            hint = " (token ids? add --input-dtype int64)"
+        _fail(f"running {label} failed: {_one_line(e)}{hint}")
     elapsed = time.perf_counter() - start
-    header = f"{label}{timing} ({elapsed:.2f} s in all)"  # as wide as the table may be
-    print(textwrap.fill(header, args.width or terminal_width(), subsequent_indent="  ") + "\n")
+    header = f"{label}{timing} ({elapsed:.2f} s in all)"
+    print(_fitted_header(header, args.width or terminal_width()) + "\n")
     print(fc.table(depth=args.depth, width=args.width))
     if args.peaks:
         spec = DeviceSpec.calibrate(device) if args.peaks == "calibrate" else \
@@ -372,14 +401,34 @@ def _main(argv) -> None:
         _deepspeed(model, inputs, step, args, device)
 
 
-def _input(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _fitted_header(header: str, width: int) -> str:
+    """The run's header wrapped to the table's width between its comma-separated parts
+    ("forward + backward", "train mode (2.31 s in all)" stay whole); a part longer than a
+    line wraps at its spaces."""
+    lines: list[str] = []
+    width -= 1  # room for the comma a line ends with
+    for part in header.split(", "):
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += ", " + part
+        elif lines:
+            lines[-1] += ","
+            lines += textwrap.wrap(part, width, initial_indent="  ", subsequent_indent="  ",
+                                   break_on_hyphens=False)
+        else:
+            lines += textwrap.wrap(part, width, subsequent_indent="  ",
+                                   break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def _input(shape: tuple, dtype: torch.dtype, device: torch.device,
+           high: int = 2) -> torch.Tensor:
     """A seeded random input: normals for a floating-point or complex dtype, integers in
-    [0, 2) otherwise; one error line when torch cannot make it (too large, a dtype it
-    cannot draw)."""
+    [0, high) otherwise (token ids: the vocabulary size); one error line when torch cannot
+    make it (too large, a dtype it cannot draw)."""
     try:
         if dtype.is_floating_point or dtype.is_complex:
             return torch.randn(shape, dtype=dtype, device=device)
-        return torch.randint(0, 2, shape, dtype=dtype, device=device)
+        return torch.randint(0, high, shape, dtype=dtype, device=device)
     except Exception as e:  # RuntimeError (allocation, dtype), OverflowError (sizes), ...
         _fail(f"cannot make an input of shape {','.join(map(str, shape))} and dtype "
               f"{str(dtype).replace('torch.', '')} on {device}: {_one_line(e)}")
@@ -408,10 +457,22 @@ def _demo(parser, args, device):
     return model, (idx,), label, step
 
 
+def _token_ids(model: nn.Module) -> Optional[nn.Embedding]:
+    """The model's first embedding when its first layer with parameters is one: a token
+    model, whose input is integer ids below its vocabulary size."""
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            return module
+        if next(module.parameters(recurse=False), None) is not None:
+            return None
+    return None
+
+
 def _user_model(parser, args, device):
+    factory = _factory(parser, args.model)  # a wrong MODULE:FACTORY first: nothing to shape
     if not args.input_shape:
-        parser.error(f"{args.model}: give the input's shape, e.g. --input-shape 1,3,224,224")
-    factory = _factory(parser, args.model)
+        parser.error(f"{args.model}: give the input's shape, e.g. --input-shape 1,3,224,224 "
+                     "(1,128 for 128 token ids)")
     try:
         with device:
             model = factory if isinstance(factory, nn.Module) else factory()
@@ -428,8 +489,11 @@ def _user_model(parser, args, device):
     except Exception as e:
         _fail(f"moving the model to {device}{', ' + str(args.dtype) if args.dtype else ''} "
               f"failed: {_one_line(e)}")
-    input_dtype = args.input_dtype or args.dtype or torch.get_default_dtype()
-    inputs = tuple(_input(shape, input_dtype, device) for shape in args.input_shape)
+    embedding = _token_ids(model) if args.input_dtype is None else None
+    input_dtype = args.input_dtype or (torch.int64 if embedding is not None else None) or \
+        args.dtype or torch.get_default_dtype()
+    inputs = tuple(_input(shape, input_dtype, device, embedding.num_embeddings
+                          if embedding is not None else 2) for shape in args.input_shape)
 
     def step(*inputs):
         if not args.backward:
@@ -442,8 +506,9 @@ def _user_model(parser, args, device):
         model.zero_grad(set_to_none=True)  # every run alike: no gradient accumulation
 
     shapes = " ".join("x".join(map(str, s)) for s in args.input_shape)
-    label = (f"{args.model}: input {shapes} {str(input_dtype).replace('torch.', '')} on "
-             f"{device}, forward{' + backward' if args.backward else ''}")
+    ids = " token ids" if embedding is not None else ""
+    label = (f"{args.model}: input {shapes} {str(input_dtype).replace('torch.', '')}{ids} "
+             f"on {device}, forward{' + backward' if args.backward else ''}")
     return model, inputs, label, step
 
 

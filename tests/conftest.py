@@ -71,3 +71,11 @@ def golden(request):
         assert text == path.read_text()
 
     return check
+
+
+@pytest.fixture(autouse=True)
+def _no_columns(monkeypatch):
+    """Tables fit ``COLUMNS`` when it is set (piped output too), and pytest-xdist's workers
+    run with COLUMNS=80: each test starts without it (100 columns, output not a terminal),
+    and the tests about COLUMNS set it themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)

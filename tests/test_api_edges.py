@@ -86,7 +86,7 @@ def test_a_table_keeps_to_its_width_whatever_the_names():
 
 def test_saved_activations_and_torch_func_grad_are_documented_apart():
     """torch.func's transforms refuse any saved-tensors hook, which saved_activations=True
-    installs: torch raises, and the counter's docstring and the README say so."""
+    installs: torch raises, and the counter's docstring and docs/phases.md say so."""
     model = nn.Linear(4, 4)
     params = dict(model.named_parameters())
     x = torch.randn(2, 4)
@@ -101,7 +101,7 @@ def test_saved_activations_and_torch_func_grad_are_documented_apart():
         with FlopCounter(model, saved_activations=True):
             torch.func.grad(loss)(params)
     assert FlopCounter.__doc__ is not None and "torch.func" in FlopCounter.__doc__
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(os.path.join(ROOT, "docs", "phases.md")) as f:
         assert "`torch.func`'s `grad`" in f.read()
 
 

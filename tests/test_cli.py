@@ -18,8 +18,9 @@ CNN = f"{TESTS / 'cli_models.py'}:small_cnn"
 
 
 def cli(*args, cwd=TESTS.parent):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-        str(TESTS.parent), os.environ.get("PYTHONPATH")]))}
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"},  # not a terminal: 100
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS.parent),
+                                                       os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "dispatch_flops", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -154,6 +155,73 @@ def test_deepspeed_flag_says_whether_the_report_is_there(capsys):
         assert code == 0, err
 
 
+def test_import_errors_come_before_shape_errors(capsys):
+    """A wrong MODULE:FACTORY says so even without --input-shape (there is nothing to give a
+    shape to yet); the shape is asked for once the factory imports. One line each, no usage
+    dump in front."""
+    for spec, message in (("no_such_module:build", "cannot import 'no_such_module'"),
+                          (f"{TESTS / 'cli_models.py'}:nope", "has no attribute 'nope'"),
+                          (CNN, "give the input's shape")):
+        code, _, err = run(spec, capsys=capsys)
+        assert code == 2 and message in err, err
+        assert err.count("\n") == 1 and err.startswith("dispatch-flops: error: "), err
+
+
+def test_argparse_errors_are_one_line_and_point_at_help(capsys):
+    code, _, err = run("--no-such-option", capsys=capsys)
+    assert code == 2 and "usage:" not in err and err.count("\n") == 1
+    assert "unrecognized arguments: --no-such-option" in err and "--help" in err
+
+
+def test_version(capsys):
+    import dispatch_flops
+
+    code, out, _ = run("--version", capsys=capsys)
+    assert code == 0 and out.strip() == (f"dispatch-flops {dispatch_flops.__version__} "
+                                         f"(torch {torch.__version__})")
+
+
+def test_token_models_get_token_ids_by_default(capsys):
+    """A model whose first layer is an Embedding (the built-in GPT, transformers' LMs) gets
+    int64 ids below its vocabulary size without --input-dtype; the header says so. An
+    explicit float dtype into an embedding fails with a hint."""
+    code, out, err = run("dispatch_flops.models:GPT", "--input-shape", "1,128", "--depth", "0",
+                         capsys=capsys)
+    assert code == 0, err
+    assert "input 1x128 int64 token ids on cpu, forward" in header(out)
+    code, _, err = run("dispatch_flops.models:GPT", "--input-shape", "1,16", "--input-dtype",
+                       "fp32", capsys=capsys)
+    assert code == 1 and "add --input-dtype int64" in err, err
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_header_wraps_between_its_parts(width, capsys):
+    code, out, err = run("dispatch_flops.models:GPT", "--input-shape", "1,16", "--depth", "0",
+                         "--timing", "--repeat", "1", "--width", str(width), capsys=capsys)
+    assert code == 0, err
+    lines = out.split("\n\n")[0].splitlines()
+    assert len(lines) > 1 and max(map(len, lines)) <= width
+    for line in lines:  # no parenthesis, "1 x 16" or "forward + backward" cut in two
+        assert line.count("(") == line.count(")") and not line.rstrip().endswith((" x", "+"))
+
+
+@pytest.mark.slow
+def test_columns_is_honoured_when_piped():
+    """``COLUMNS=80 dispatch-flops | cat``: not a terminal, yet 80 columns wide; and
+    ``| head`` ends quietly."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatch_flops", "--seq-len", "16", "--depth", "2"],
+        env={**os.environ, "COLUMNS": "80", "PYTHONPATH": str(TESTS.parent)},
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert max(map(len, done.stdout.splitlines())) <= 80 < max(
+        map(len, cli("--seq-len", "16", "--depth", "2").stdout.splitlines()))
+    piped = subprocess.run(f"{sys.executable} -m dispatch_flops --seq-len 16 | head -1",
+                           shell=True, env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+                           capture_output=True, text=True, timeout=120)
+    assert piped.stdout.startswith("GPT demo") and not piped.stderr, piped.stderr
+
+
 def test_help_shows_examples(capsys):
     code, out, _ = run("--help", capsys=capsys)
     assert code == 0
@@ -231,8 +299,9 @@ def help_examples():
 
 
 def readme_examples():
-    """The ``dispatch-flops`` commands of README.md's shell blocks, comments dropped."""
-    text = (TESTS.parent / "README.md").read_text()
+    """The ``dispatch-flops`` commands of the shell blocks of README.md and docs/cli.md,
+    comments dropped."""
+    text = "".join((TESTS.parent / page).read_text() for page in ("README.md", "docs/cli.md"))
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", "").splitlines():
@@ -248,9 +317,9 @@ def test_readme_and_help_examples_are_found():
 @pytest.mark.slow
 @pytest.mark.parametrize("example", sorted(set(help_examples()) | set(readme_examples())))
 def test_every_help_example_runs(example, tmp_path):
-    """Each example of --help and README runs as written (my_models.py: a small stand-in for
-    the user's file; CUDA examples on the CPU where there is none), with no package the
-    extras lack."""
+    """Each example of --help, README and docs/cli.md runs as written (my_models.py: a small
+    stand-in for the user's file; CUDA examples on the CPU where there is none), with no
+    package the extras lack."""
     (tmp_path / "my_models.py").write_text(MY_MODELS)
     args = example.split()[1:]
     if not torch.cuda.is_available():

@@ -188,7 +188,7 @@ def test_dataframe_without_pandas_says_what_to_install(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_pandas)
-    with pytest.raises(ImportError, match=r"dispatch_flops\[pandas\]"):
+    with pytest.raises(ImportError, match=r"pip install pandas .*'\.\[pandas\]'"):
         no_model_run().to_dataframe()
 
 

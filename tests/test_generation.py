@@ -195,10 +195,17 @@ LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
 
 
 def manual_decode(model):
+    # the cache's name: `cache` in current transformers (`past_key_values` warns), before it
+    # `past_key_values`
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+
     def run(ids, new_tokens):
         out = model(ids, use_cache=True, logits_to_keep=1)
         for _ in range(new_tokens):
-            out = model(ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)
+            out = model(ids[:, -1:], **{name: out[name]}, use_cache=True)
     return run
 
 
@@ -279,3 +286,79 @@ def test_nothing_left_behind_and_clear_errors():
         gp.roofline("H1000")
     with pytest.raises(ValueError, match="dense"):
         profile_generate(model, torch.randint(0, 64, (1, 3)), attention="flash")
+
+
+def test_no_deprecation_warning_from_our_reads():
+    """Reading each step's cache logs nothing: current transformers name it ``cache`` and
+    warn (once per process: the cache of warnings is cleared first) on a read of
+    ``past_key_values``; under ``-W error::FutureWarning`` nothing raises either."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    hf_logging.warning_once.cache_clear()  # a test before may have had it logged
+    model = llama()
+    records = Records()
+    logger = hf_logging.get_logger("transformers")  # the root of transformers' loggers
+    logger.addHandler(records)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            gp = profile_generate(model, torch.randint(0, 64, (1, 4)), max_new_tokens=3,
+                                  **GREEDY)
+    finally:
+        logger.removeHandler(records)
+    assert not [m for m in records.messages if "deprecated" in m], records.messages
+    assert gp.kv_cache_bytes[-1] > gp.kv_cache_bytes[0] > 0  # the cache was read
+
+
+def test_cache_read_under_either_name():
+    """Older transformers return ``past_key_values`` (and take it as an argument); newer ones
+    ``cache``: a step's cache is found under either, in its output or its arguments."""
+    from dispatch_flops.workflows.generation import _cache_of
+
+    cache = ((torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4)),)
+    assert _cache_of({"logits": 1, "past_key_values": cache}, {}) is cache
+    assert _cache_of({"logits": 1, "cache": cache}, {}) is cache
+    assert _cache_of((torch.zeros(1),), {"past_key_values": cache}) is cache
+    assert _cache_of((torch.zeros(1),), {}) is None
+
+
+def test_steps_are_named_as_generate_counts_tokens():
+    """max_new_tokens=8 is 8 forward calls: the prefill gives the first token, 7 decode
+    steps the rest; the table's last line says so."""
+    gp = profile_generate(llama(), torch.randint(0, 64, (1, 4)), max_new_tokens=8, **GREEDY)
+    assert len(gp.steps) == 8 and len(gp.decode) == 7
+    assert gp.table().splitlines()[-1] == ("8 new tokens per sequence (1 sequence): the "
+                                           "prefill's, then 7 decode steps of one token each")
+    assert "8 new tokens" in repr(gp)
+
+
+def test_roofline_reads_as_a_line_and_a_table():
+    """repr: one short line; every step's compute and memory times are set (flops / peak,
+    bytes / bandwidth) and the attainable time lies between their max and their sum;
+    table(): a row per step."""
+    gp = profile_generate(llama(), torch.randint(0, 64, (1, 4)), max_new_tokens=4, **GREEDY)
+    spec = DEVICES["H100-SXM"]
+    roof = gp.roofline(spec)
+    assert len(repr(roof)) < 200 and "\n" not in repr(roof)
+    assert repr(roof).startswith("GenerationRoofline(H100-SXM: first token ")
+    for step, r in zip(gp.steps, roof.steps):
+        assert r.compute_s == pytest.approx(step.total.flops / spec.peak_flops(torch.float32))
+        assert r.memory_s == pytest.approx(step.total.bytes / spec.memory_bandwidth)
+        assert max(r.compute_s, r.memory_s) <= r.attainable_s * (1 + 1e-9)
+        assert r.attainable_s <= (r.compute_s + r.memory_s) * (1 + 1e-9)
+    rows = roof.table().splitlines()
+    assert [row.split()[0] for row in rows[3:3 + 4]] == ["prefill", "decode", "decode",
+                                                          "decode"]
+    assert str(roof) == roof.table()

@@ -161,3 +161,60 @@ def test_log_tick_labels_are_distinct(counter):
                  if min(a, b) <= v <= max(a, b) and t.get_text()]
         assert len(shown) >= 2 and len(set(shown)) == len(shown), shown
     assert renderer is not None
+
+
+def test_by_module_without_a_model_plots_the_operators(tmp_path):
+    """A counter given no model has only its root: by_module shows its operators (those with
+    flops), the most first, stacked by phase, instead of an error."""
+    model, ids = tiny_gpt(), tiny_ids()
+    with FlopCounter() as bare:
+        step(model, ids)
+    fig = plot.by_module(bare)
+    render(fig, tmp_path, "by_module_bare")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    operators = bare.by_operator()
+    assert labels == sorted((n for n, s in operators.items() if s.flops),
+                            key=lambda n: (-operators[n].flops, n))[:25]
+    assert ax.get_ylabel() == "Operator" and "no model" in fig._suptitle.get_text()
+    assert sum(b.get_width() for c in ax.containers for b in c) == pytest.approx(
+        sum(operators[n].flops for n in labels))
+
+
+def test_icicle_labels_the_roots_own_work(tmp_path):
+    """A training step's optimizer (and loss) work is the root's own: the space after its
+    children on row 1 is a hatched bar named "GPT (own)", as wide as the root's exclusive
+    flops."""
+    model, ids = tiny_gpt(), tiny_ids()
+    optimizer = torch.optim.AdamW(model.parameters())
+    with FlopCounter(model) as fc:
+        step(model, ids)
+        optimizer.step()
+    fig = plot.icicle(fc, depth=2)
+    render(fig, tmp_path, "icicle_own")
+    ax = fig.axes[0]
+    own = fc.by_module()[""].exclusive.flops
+    assert own > 0.1 * fc.total.flops  # AdamW's step: worth a label
+    hatched = [p for p in ax.patches if p.get_hatch() == "//" and p.get_y() < 1.5]
+    assert len(hatched) == 1 and hatched[0].get_width() == pytest.approx(own)
+    assert any(t.get_text().startswith("GPT (own)\n") for t in ax.texts)
+
+
+def test_roofline_labels_do_not_overlap(tmp_path):
+    """Modules of equal figures (blocks.0.mlp, blocks.1.mlp) share one label; no label
+    overlaps another; the points left unlabelled are named in the corner."""
+    model, ids = tiny_gpt(), tiny_ids()
+    with FlopCounter(model) as fc:
+        step(model, ids)
+    fig = plot.roofline(fc, CPU, torch.float32, by="module", depth=3)
+    render(fig, tmp_path, "roofline_labels")
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in ax.texts if not t.get_text().startswith("not labelled")]
+    texts = [t.get_text() for t in labels]
+    assert "blocks.{0,1}.mlp" in texts and "blocks.0.mlp" not in texts
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    fig = plot.roofline(fc, CPU, torch.float32, by="operator", label_top=2)
+    corner = [t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("not lab")]
+    assert len(corner) == 1 and "aten." in corner[0]

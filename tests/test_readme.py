@@ -1,9 +1,13 @@
-"""Every ```python block of README.md runs as written: in order, in one namespace, on the
-reader's own objects (a tiny GPT as ``model``, its input ``x``, ...), except the torchrun
-block, which runs as a script on 2 real processes (gloo). Blocks that build a model of their
-own (BERT-base, GPT-2) build it from its config, as the README says: no download. After some
-blocks, a check that the block did what its comments say."""
+"""Every ```python block of README.md and of the pages in docs/ runs as written: each file's
+blocks in order, in one namespace, on the reader's own objects (a tiny GPT as ``model``, its
+input ``x``, ...), except the torchrun block, which runs as a script on 2 real processes
+(gloo). Blocks that build a model of their own (GPT-2, BERT-base) build it from its config, as
+the text says: no download. After some blocks, a check that the block did what its comments
+say; a ```text block right after a python block is what it prints, compared exactly."""
 
+import ast
+import contextlib
+import io
 import os
 import re
 import signal
@@ -21,15 +25,26 @@ pytestmark = pytest.mark.slow  # the whole README: Trainer, Lightning, torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-_BLOCK = re.compile(r"```python\n(?P<code>.*?)```", re.S)
+# README first, then the docs pages (each file's blocks share a namespace, files do not)
+PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
+_BLOCK = re.compile(r"```python\n(?P<code>.*?)```(?:\s*```text\n(?P<shown>.*?)```)?", re.S)
 TORCHRUN = "# torchrun --nproc-per-node 2 train.py\n"
 
 
-def blocks() -> list[tuple[int, str]]:
-    """``(line, code)`` of every python block."""
-    text = README.read_text()
-    return [(text.count("\n", 0, m.start("code")) + 1, m.group("code"))
+def name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def blocks(page: Path = README) -> list[tuple[int, str, "str | None"]]:
+    """``(line, code, shown)`` of every python block of ``page``; ``shown``: the output a
+    ```text block right after it says it prints (else None)."""
+    text = page.read_text()
+    return [(text.count("\n", 0, m.start("code")) + 1, m.group("code"), m.group("shown"))
             for m in _BLOCK.finditer(text)]
+
+
+def every_block() -> list[tuple[Path, int, str, "str | None"]]:
+    return [(page, *block) for page in PAGES for block in blocks(page)]
 
 
 def tiny_gpt() -> GPT:
@@ -49,7 +64,10 @@ def _user_objects() -> dict:
         optimizer.step()
         optimizer.zero_grad()
 
-    return {"torch": torch, "model": model, "x": x, "optimizer": optimizer,
+    from dispatch_flops import measure
+
+    fc = measure(model, (x,), warmup=1, repeat=1)  # a timed run, for the blocks that read one
+    return {"torch": torch, "model": model, "x": x, "optimizer": optimizer, "fc": fc,
             "train_step": train_step, "loader": [x, x], "log": lambda **kw: logged.append(kw),
             "_logged": logged}
 
@@ -146,55 +164,122 @@ CHECKS = {"flops, macs, params = get_model_profile(bert": _deepspeed,
           "trainer.fit(module, loader)": _lightning_logs}
 
 
+def _readme_log_line(ns, code):
+    """The README's logged line has the keys a counted step's log has (``mfu``, ``hfu`` and
+    ``peak_flop_s`` need a device with a peak: the README's line was made with
+    ``DeviceSpec.cpu``)."""
+    text = README.read_text()
+    shown = text[text.index("```text\n{'loss'") + 8:]
+    shown = ast.literal_eval(shown[:shown.index("```")].strip())
+    logged = next(h for h in ns["trainer"].state.log_history if "model_flops" in h)
+    assert set(shown) - {"mfu", "hfu", "peak_flop_s"} <= set(logged), (shown, logged)
+    assert {"model_flops", "hardware_flops", "tokens_per_s"} <= set(shown)
+
+
+# After the last block of a page: what its blocks left behind.
+def _counting_done(ns, tmp_path):
+    assert len(ns["_logged"]) == 2 and ns["_logged"][0]["flops"] > 0  # the logger loop
+    assert ns["run"].steps == 2
+
+
+def _exports_done(ns, tmp_path):
+    assert (tmp_path / "run.json").exists() and (tmp_path / "trace.json").exists()
+
+
+def _timing_done(ns, tmp_path):
+    assert ns["fc"].mfu_text(ns["spec"]).startswith("MFU ")
+
+
+def _plots_done(ns, tmp_path):
+    assert (tmp_path / "icicle.png").stat().st_size > 0
+
+
+def _readme_done(ns, tmp_path):
+    _readme_log_line(ns, "")
+
+
+DONE = {"docs/counting.md": _counting_done, "docs/exports.md": _exports_done,
+        "docs/timing.md": _timing_done, "docs/plots.md": _plots_done,
+        "README.md": _readme_done}
+
+
 def test_every_python_block_is_run():
-    """Each block runs in one of the two tests below; each given object and check names
-    exactly one block."""
-    found = blocks()
-    assert len(found) == README.read_text().count("```python") >= 14
-    assert sum(code.startswith(TORCHRUN) for _, code in found) == 1
+    """Each block runs in one of the tests below; each given object and check names at least
+    one block; README.md stays a page a newcomer reads (200 lines at most)."""
+    found = every_block()
+    assert len(found) == sum(p.read_text().count("```python") for p in PAGES) >= 14
+    assert sum(code.startswith(TORCHRUN) for _, _, code, _ in found) == 1
     for key in [*GIVEN, *CHECKS]:
-        assert sum(key in code for _, code in found) == 1, key
-    assert "<!-- not run" not in README.read_text()
+        assert any(key in code for _, _, code, _ in found), key
+    assert set(DONE) <= {name(p) for p in PAGES}
+    assert all("<!-- not run" not in p.read_text() for p in PAGES)
+    assert len(README.read_text().splitlines()) <= 200
 
 
 def test_code_fits_a_100_column_terminal():
     """Code blocks do not wrap (prose does): each of their lines fits 100 columns."""
-    text = README.read_text()
-    long = [(text.count("\n", 0, m.start()) + 1 + i, line)
-            for m in re.finditer(r"```\w*\n(.*?)```", text, re.S)
-            for i, line in enumerate(m.group(1).splitlines(), 1) if len(line) > 100]
+    long = []
+    for page in PAGES:
+        text = page.read_text()
+        long += [(name(page), text.count("\n", 0, m.start()) + 1 + i, line)
+                 for m in re.finditer(r"```\w*\n(.*?)```", text, re.S)
+                 for i, line in enumerate(m.group(1).splitlines(), 1) if len(line) > 100]
     assert not long
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch):
+def test_docs_index_links_every_page():
+    """docs/README.md links every page of docs/, and every link in these pages to a file of
+    the repository names one that exists."""
+    index = (ROOT / "docs" / "README.md").read_text()
+    for page in (ROOT / "docs").glob("*.md"):
+        if page.name != "README.md":
+            assert f"]({page.name}" in index, page.name
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), (name(page), target)
+
+
+@pytest.mark.parametrize("page", [name(p) for p in PAGES if blocks(p)])
+def test_python_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # blocks write run.json, run.csv, trace.json, trainer logs
+    monkeypatch.delenv("COLUMNS", raising=False)  # shown tables are 100 columns wide
     import matplotlib
     matplotlib.use("Agg")
+    from dispatch_flops.formulas import ELEMENT_COSTS
+
+    costs = dict(ELEMENT_COSTS)  # conventions.md shows how to change them: set back after
     own = _user_objects()
     namespace = dict(own)
     ran = 0
-    for line, code in blocks():
-        if code.startswith(TORCHRUN):
-            continue
-        namespace.update(own)  # a block that builds its own model shadows the reader's in it
-        for key, given in GIVEN.items():
-            if key in code:
-                namespace.update(given())
-        try:
-            exec(compile(code, f"README.md:{line}", "exec"), namespace)
-            for key, check in CHECKS.items():
+    try:
+        for line, code, shown in blocks(ROOT / page):
+            if code.startswith(TORCHRUN):
+                continue
+            namespace.update(own)  # a block that builds its own model shadows the reader's
+            for key, given in GIVEN.items():
                 if key in code:
-                    check(namespace, code)
-        except Exception as e:
-            raise AssertionError(f"README.md block at line {line} failed: "
-                                 f"{type(e).__name__}: {e}") from e
-        ran += 1
-    assert ran == len(blocks()) - 1
-    # the blocks did what they say: the logger loop logged each step, files were written
-    assert len(own["_logged"]) == 2 and own["_logged"][0]["flops"] > 0
-    assert namespace["run"].steps == 2
-    assert (tmp_path / "run.json").exists() and (tmp_path / "trace.json").exists()
-    assert namespace["fc"].mfu_text(namespace["spec"]).startswith("MFU ")
+                    namespace.update(given())
+            printed = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(printed) if shown is not None \
+                        else contextlib.nullcontext():
+                    exec(compile(code, f"{page}:{line}", "exec"), namespace)
+                for key, check in CHECKS.items():
+                    if key in code:
+                        check(namespace, code)
+            except Exception as e:
+                raise AssertionError(f"{page} block at line {line} failed: "
+                                     f"{type(e).__name__}: {e}") from e
+            if shown is not None:
+                assert printed.getvalue() == shown, (
+                    f"{page} block at line {line} prints, now:\n{printed.getvalue()}")
+            ran += 1
+        if page in DONE:
+            DONE[page](namespace, tmp_path)
+    finally:
+        ELEMENT_COSTS.clear()
+        ELEMENT_COSTS.update(costs)
+    assert ran == sum(not code.startswith(TORCHRUN) for _, code, _ in blocks(ROOT / page))
 
 
 PRELUDE = '''\
@@ -210,7 +295,7 @@ x = torch.randint(0, 64, (2, 8))
 
 def test_torchrun_block_runs_on_two_processes(tmp_path):
     """The distributed block, run as it says: torchrun, 2 ranks (gloo on CPU)."""
-    (code,) = [code for _, code in blocks() if code.startswith(TORCHRUN)]
+    (code,) = [code for _, _, code, _ in every_block() if code.startswith(TORCHRUN)]
     (tmp_path / "train.py").write_text(PRELUDE + code)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(ROOT), os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": "1"}

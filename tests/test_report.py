@@ -46,9 +46,80 @@ def test_wide_table_has_every_column_that_applies():
         assert name in header, name
 
 
-def test_not_a_terminal_means_100_columns(capsys):
+def test_not_a_terminal_means_100_columns(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     fc = train_step()
     assert fc.table(depth=3) == fc.table(depth=3, width=100)  # pytest captures stdout
+
+
+def test_columns_is_honoured_when_piped(capsys, monkeypatch):
+    """``COLUMNS=80 python train.py | less``: stdout is not a terminal, COLUMNS still says
+    how wide to be."""
+    fc = train_step()
+    monkeypatch.setenv("COLUMNS", "80")
+    assert fc.table(depth=3) == fc.table(depth=3, width=80)
+    assert max(map(len, fc.table(depth=3).splitlines())) <= 80
+    monkeypatch.setenv("COLUMNS", "not a number")  # ignored, as the terminal size ignores it
+    assert fc.table(depth=3) == fc.table(depth=3, width=100)
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 120, 160])
+def test_type_goes_first_and_notes_follow_the_columns(width):
+    """Narrowing drops Type before any figure (Type shown means every column is); at 80
+    columns a training step keeps Calls, Params and MACs; each note under the table is there
+    only with what it explains (the Other note with the Other column, "Calls -" with Calls),
+    and fits the width."""
+    fc = train_step()
+    every = fc.table(depth=2, width=1000).splitlines()[0].split("  ")
+    text = fc.table(depth=2, width=width)
+    lines = text.splitlines()
+    header = lines[0]
+    assert max(map(len, lines)) <= width
+    if "Type" in header:
+        assert len(header.split()) == len(" ".join(every).split())
+    if width == 80:
+        assert "Type" not in header and all(c in header for c in ("Calls", "Params", "MACs"))
+    footer = "\n".join(lines[lines.index(next(s for s in lines if s.startswith("Coverage"))):])
+    assert ("Other:" in footer) == ("Other" in header.split())
+    assert ("Calls -:" in footer) == ("Calls" in header.split())
+
+
+def test_footer_leaves_out_what_does_not_apply():
+    """A forward pass alone: no model vs hardware flops line (they are equal), no Other note,
+    no zero estimated / unsupported shares in the coverage line."""
+    model, ids = tiny_gpt(), tiny_ids()
+    with FlopCounter(model) as fc:
+        model(ids)
+    text = fc.table(width=1000)
+    assert "hardware flops" not in text and "Other:" not in text
+    coverage = next(s for s in text.splitlines() if s.startswith("Coverage"))
+    assert "estimated" not in coverage and "unsupported" not in coverage
+    assert "Unsupported ops: none" in text
+
+
+def test_per_rank_columns_stay_at_100_columns_for_a_ddp_model():
+    """A gathered DDP run (its root's type name is 23 characters) keeps its per-rank min and
+    max columns at 100 columns: Type goes before them."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dispatch_flops.workflows.distributed import gathered
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(tiny_gpt())
+        runs = []
+        for _ in range(2):
+            with FlopCounter(model, timing=True) as fc:
+                step(model, tiny_ids())
+            runs.append(fc.to_profile())
+    finally:
+        dist.destroy_process_group()
+    text = gathered(runs).table(ranks=True, width=100)
+    header = text.splitlines()[0].split()
+    assert max(map(len, text.splitlines())) <= 100
+    assert text.splitlines()[2].startswith("DistributedDataParallel")
+    assert {"Fmin", "Fmax", "Tmin", "Tmax"} <= set(header) and "Type" not in header
 
 
 def test_columns_pick_and_order_and_name_the_choices():

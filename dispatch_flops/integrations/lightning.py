@@ -14,8 +14,13 @@ import torch
 
 try:
     from lightning.pytorch.callbacks import Callback
-except ImportError:  # the standalone package
-    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+except ImportError:
+    try:  # the standalone package
+        from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+    except ImportError as e:  # neither: say which package, not pytorch_lightning's name
+        raise ImportError("dispatch_flops.integrations.lightning needs Lightning: pip "
+                          "install lightning (or, from a clone, pip install -e "
+                          "'.[lightning]')") from e
 
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
 from dispatch_flops.workflows.throughput import METRICS, ThroughputMeter

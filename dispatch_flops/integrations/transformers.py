@@ -12,8 +12,13 @@ import sys
 from functools import partial
 from typing import Optional
 
-from transformers import TrainerCallback
-from transformers.trainer_callback import CallbackHandler
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import CallbackHandler
+except ImportError as e:  # say which package: the name alone reads like our own bug
+    raise ImportError("dispatch_flops.integrations.transformers needs transformers: pip "
+                      "install transformers (or, from a clone, pip install -e "
+                      "'.[transformers]')") from e
 
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
 from dispatch_flops.workflows.throughput import METRICS, ThroughputMeter

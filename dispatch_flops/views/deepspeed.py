@@ -2,9 +2,9 @@
 with each module's own ops. Reads finished results only; never touches the dispatch mode.
 
 Sections, order and wording follow DeepSpeed's flops profiler and its descendants (see
-README): a DeepSpeed user finds the lines where they expect them. Per-module figures are the
-forward's, as DeepSpeed's are; backward, optimizer and recompute appear in the summary,
-measured.
+docs/migrating.md): a DeepSpeed user finds the lines where they expect them. Per-module
+figures are the forward's, as DeepSpeed's are; backward, optimizer and recompute appear in
+the summary, measured.
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ def dataframe(profile):
     try:
         import pandas as pd
     except ImportError:
-        raise ImportError("to_dataframe needs pandas: pip install 'dispatch_flops[pandas]' "
-                          "(or write fc.to_csv(path))") from None
+        raise ImportError("to_dataframe needs pandas: pip install pandas (or, from a clone, "
+                          "pip install -e '.[pandas]'; or write fc.to_csv(path))") from None
     return pd.DataFrame(rows(profile), columns=list(COLUMNS))
 
 

@@ -1,6 +1,7 @@
 """Plots of a counter's results, each returned as a matplotlib ``Figure``.
 
-matplotlib is an optional extra (``pip install 'dispatch_flops[plot]'``). The figures are
+matplotlib is an optional extra (``pip install matplotlib``, or ``pip install -e '.[plot]'``
+from a clone). The figures are
 made without pyplot, so nothing global is touched and nothing is shown by itself: in a
 notebook, make the figure the cell's last expression; elsewhere, ``fig.savefig("x.png")``.
 They read a ``Profile`` (or a finished counter's, ``fc.to_profile()``; a loaded one from
@@ -15,6 +16,7 @@ They read a ``Profile`` (or a finished counter's, ``fc.to_profile()``; a loaded 
 from __future__ import annotations
 
 import io
+import textwrap
 from typing import Optional
 
 from dispatch_flops.results.format import duration, human
@@ -43,8 +45,8 @@ def _figure(width: float, height: float):
         try:
             from matplotlib.figure import Figure
         except ImportError:
-            raise ImportError("plots need matplotlib: pip install 'dispatch_flops[plot]'") \
-                from None
+            raise ImportError("plots need matplotlib: pip install matplotlib (or, from a "
+                              "clone, pip install -e '.[plot]')") from None
 
         class ShownFigure(Figure):
             """A Figure that a notebook shows when it is a cell's value, without pyplot."""
@@ -68,17 +70,24 @@ def _renderer(fig):
     return fig.canvas.get_renderer()
 
 
-def _place_labels(fig, ax, points) -> int:
+def _place_labels(fig, ax, points, markers=()) -> list:
     """Label ``points`` ((text, x, y) in data coordinates, most important first) next to
     their marker, each at the first of a few offsets where it stays inside the axes and
-    clear of the labels placed before it; a label with no such place is left out. The
-    layout is frozen afterwards so the places hold in the saved image. Returns how many were
-    placed."""
+    clear of the labels placed before it and of ``markers`` ((x, y, radius in points)); a
+    label with no such place is left out. The layout is frozen afterwards so the places hold
+    in the saved image. Returns the texts placed."""
+    from matplotlib.transforms import Bbox
+
     renderer = _renderer(fig)
     inside = ax.get_window_extent(renderer)
     legend = ax.get_legend()
     taken = [legend.get_window_extent(renderer)] if legend is not None else []
-    placed = 0
+    scale = fig.dpi / 72  # points to pixels
+    for x, y, radius in markers:
+        cx, cy = ax.transData.transform((x, y))
+        r = radius * scale
+        taken.append(Bbox([[cx - r, cy - r], [cx + r, cy + r]]))
+    placed = []
     offsets = [(5, 4), (5, -11), (-5, 4), (-5, -11), (5, 14), (5, -21), (-5, 14), (-5, -21),
                (5, 24), (5, -31)]
     for text, x, y in points:
@@ -90,11 +99,28 @@ def _place_labels(fig, ax, points) -> int:
                     and box.y1 <= inside.y1)
             if fits and not any(box.overlaps(other) for other in taken):
                 taken.append(box)
-                placed += 1
+                placed.append(text)
                 break
             label.remove()
     fig.set_layout_engine("none")  # keep the axes where the labels were measured
     return placed
+
+
+def _joined(names: list) -> str:
+    """Names of points drawn at one place, as one label: ``blocks.{0,1}.mlp`` where they
+    differ in one dotted part, else listed."""
+    if len(names) == 1:
+        return names[0]
+    parts = [n.split(".") for n in names]
+    if len({len(p) for p in parts}) == 1:
+        differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
+        if len(differ) == 1:
+            i = differ[0]
+            head = ".".join(parts[0][:i])
+            tail = ".".join(parts[0][i + 1:])
+            middle = "{" + ",".join(p[i] for p in parts) + "}"
+            return ".".join(x for x in (head, middle, tail) if x)
+    return f"{names[0]} +{len(names) - 1}"
 
 
 def _short(text: str) -> str:
@@ -155,7 +181,10 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
     _checkdepth_of(depth)
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be an int >= 1, got {top!r}")
+    counter = as_profile(counter)
     modules = counter.by_module()
+    if not counter.has_model:  # everything ran under the root: its operators are the bars
+        return _by_operator(counter, top)
     names = _frontier(modules, depth)
     if not any(depth_of(n) == depth for n in names):
         raise ValueError(f"no module ran at depth {depth}; the deepest is "
@@ -196,6 +225,47 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
     axes[-1].legend([legend[p] for p in ordered], ordered, loc="best", fontsize="small")
     left_out = f"; {dropped} smaller left out (top={top})" if dropped else ""
     fig.suptitle(f"{counter.root_label}{_summed(counter)}: modules at depth {depth}{left_out}")
+    return fig
+
+
+def _by_operator(counter, top: int):
+    """``by_module`` of a counter without a model: its operators (the ``top`` with the most
+    FLOPs), FLOPs and time stacked by phase, as the modules' bars are."""
+    operators = counter.by_operator()
+    names = sorted((n for n, s in operators.items() if s.flops or s.latency_s),
+                   key=lambda n: (-operators[n].flops, n))
+    dropped = max(0, len(names) - top)
+    names = names[:top]
+    by_phase = counter.by_phase()
+    phases = [p for p in PHASES if by_phase[p].calls]
+    per_phase = {p: counter.by_operator(phase=p) for p in phases}
+    metrics = ["flops"] + (["latency_s"] if counter.timing else [])
+    fig = _figure(5.5 * len(metrics) + 1.5, 1.2 + 0.32 * max(1, len(names)))
+    axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
+    rows = range(len(names))
+    legend = {}
+    for ax, metric in zip(axes, metrics):
+        left = [0.0] * len(names)
+        for phase in phases:
+            widths = [_value(per_phase[phase][n], metric) if n in per_phase[phase] else 0.0
+                      for n in names]
+            if not any(widths):
+                continue
+            legend[phase] = ax.barh(rows, widths, left=left, color=_PHASE_COLOR.get(phase),
+                                    label=phase)
+            left = [a + b for a, b in zip(left, widths)]
+        ax.set_xlabel(_METRIC_LABEL[metric])
+        ax.xaxis.set_major_formatter(_formatter(metric))
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(list(rows), names)
+    axes[0].invert_yaxis()
+    axes[0].set_ylabel("Operator")
+    ordered = [p for p in phases if p in legend]
+    if ordered:
+        axes[-1].legend([legend[p] for p in ordered], ordered, loc="best", fontsize="small")
+    left_out = f"; {dropped} smaller left out (top={top})" if dropped else ""
+    fig.suptitle(f"{counter.root_label}{_summed(counter)}: operators (no model given, so no "
+                 f"modules){left_out}")
     return fig
 
 
@@ -240,6 +310,17 @@ def icicle(counter, depth: int = 3, *, metric: str = "flops"):
             for i, child in enumerate(children.get(name, [])):
                 draw(child, x, level + 1, colors(i % 20) if level == 0 else color)
                 x += value(child)
+            own = width - (x - left)  # what the module ran itself (the root: optimizer, loss)
+            if children.get(name) and total and own / total > 0.001:
+                ax.barh(level + 1, own, left=x, height=0.92, color="white",
+                        edgecolor=color if level else "#888888", hatch="//", linewidth=0.5)
+                if own / total > 0.02:
+                    short = _label(counter, name).rpartition(".")[2] or _label(counter, name)
+                    text = human(own) if metric != "latency_s" else duration(own)
+                    own_bar = ax.patches[-1]
+                    labels.append((ax.text(x + own / 2, level + 1, f"{short} (own)\n{text}",
+                                           ha="center", va="center", fontsize=7,
+                                           clip_on=True), own_bar))
 
     draw(ROOT, 0.0, 0, "#BBBBBB")
     ax.set_yticks(range(depth + 1), [str(d) for d in range(depth + 1)])
@@ -319,10 +400,22 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
     what = "operators" if by == "operator" else f"modules at depth {depth}"
     ax.set_title(f"{counter.root_label}{_summed(counter)} on {spec.name} "
                  f"({_dtype_name(dtype)}): {what}")
-    # the heaviest first; untimed points share the roof, so labels step off it or are left
-    # out rather than pile up
-    _place_labels(fig, ax, [(name, x, y) for name, x, y, _, _ in
-                            sorted(points, key=lambda p: -p[3])[:label_top]])
+    # points at one place (blocks.0.mlp and blocks.1.mlp: the same figures) share a label;
+    # the heaviest first; labels step off the markers and each other, and what finds no
+    # place is named in the legend instead
+    groups: dict = {}
+    for name, x, y, weight, _ in points:
+        groups.setdefault((round(x, 9), round(y, 3)), []).append((name, weight))
+    labelled = sorted(((_joined([n for n, _ in members]), x, y, sum(w for _, w in members))
+                       for (x, y), members in groups.items()), key=lambda g: -g[3])
+    markers = [(p[1], p[2], (20 + 600 * p[3] / total) ** 0.5 / 2) for p in points]
+    placed = _place_labels(fig, ax, [(text, x, y) for text, x, y, _ in labelled[:label_top]],
+                           markers)
+    rest = [text for text, _, _, _ in labelled if text not in placed]
+    if rest:  # above the roof's slope, top left, nothing is ever drawn
+        listed = ", ".join(rest[:8]) + (f", … {len(rest) - 8} more" if len(rest) > 8 else "")
+        ax.text(0.01, 0.99, textwrap.fill(f"not labelled: {listed}", 60), fontsize=7,
+                transform=ax.transAxes, va="top", ha="left", color="#444444")
     return fig
 
 

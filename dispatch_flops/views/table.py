@@ -4,13 +4,15 @@ Columns are declared once in ``COLUMNS``: a key (what ``table(columns=...)`` nam
 header and its abbreviation, a priority (the lower, the longer it stays when the table must
 narrow; columns of one priority go together),
 when it applies to a run, and how a row's cell reads. A new column is one more entry. The
-table fits ``width`` characters (the terminal's; 100 when output is not a terminal): first
-the headers are abbreviated, then the columns of highest priority number dropped, the
-module names shortened last.
+table fits ``width`` characters (``COLUMNS``, else the terminal's; 100 when output is not a
+terminal): first the headers are abbreviated, then the columns of highest priority number
+dropped (Type first), the module names shortened last. The notes under it are those that
+apply to the columns shown, wrapped to the same width.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import textwrap
@@ -26,7 +28,6 @@ from dispatch_flops.results.stats import (
     ESTIMATED,
     EXACT,
     FORWARD,
-    MODEL_PHASES,
     NO_ARITHMETIC,
     OPTIMIZER,
     OTHER,
@@ -100,56 +101,59 @@ def _timed(cell: Callable) -> Callable:
     return timed_cell
 
 
+# Priorities: the module's own figures (FLOPs, its share, its time) stay; with ranks=True the
+# per-rank spread the reader asked for comes next; Type (the class name, mostly what the
+# module's name says) is the first to go, then the least needed figures.
 COLUMNS: tuple = (
     Column("module", "Module", "Module", 0, lambda run, name, m: name),  # laid out apart
-    Column("type", "Type", "Type", 5, lambda run, name, m: run.types.get(name, "")),
-    Column("calls", "Calls", "Calls", 6, _calls),
-    Column("params", "Params", "Params", 7, lambda run, name, m: human(m.params)),
-    Column("macs", "MACs", "MACs", 8, lambda run, name, m: human(m.macs)),
+    Column("type", "Type", "Type", 16, lambda run, name, m: run.types.get(name, "")),
+    Column("calls", "Calls", "Calls", 7, _calls),
+    Column("params", "Params", "Params", 9, lambda run, name, m: human(m.params)),
+    Column("macs", "MACs", "MACs", 10, lambda run, name, m: human(m.macs)),
     Column("flops", "FLOPs", "FLOPs", 1, lambda run, name, m: human(m.flops)),
     # masked attention pairs were computed: the flops the model needed (docs/conventions.md)
     Column("model_flops", "Model FLOPs", "Model", 2,
            lambda run, name, m: human(m.inclusive.model_flops),
            lambda run: run.profile.total.masked_flops > 0),
-    _phase_column(FORWARD, 9),
-    _phase_column(BACKWARD, 9),
-    _phase_column(OPTIMIZER, 12),
-    _phase_column(RECOMPUTE, 12),
-    _phase_column(OTHER, 12),
+    _phase_column(FORWARD, 11),
+    _phase_column(BACKWARD, 11),
+    _phase_column(OPTIMIZER, 14),
+    _phase_column(RECOMPUTE, 14),
+    _phase_column(OTHER, 14),
     Column("percent", "% FLOPs", "%FLOPs", 2, lambda run, name, m: _percent(m.flops, run.total)),
-    Column("read", "Read", "Read", 10, lambda run, name, m: human(m.bytes_read, "B")),
-    Column("written", "Written", "Wrote", 10, lambda run, name, m: human(m.bytes_written, "B")),
-    Column("saved", "Saved", "Saved", 11, lambda run, name, m: human(m.saved_bytes or 0, "B"),
+    Column("read", "Read", "Read", 12, lambda run, name, m: human(m.bytes_read, "B")),
+    Column("written", "Written", "Wrote", 12, lambda run, name, m: human(m.bytes_written, "B")),
+    Column("saved", "Saved", "Saved", 13, lambda run, name, m: human(m.saved_bytes or 0, "B"),
            lambda run: run.profile.saved_activations),
     # collectives ran: the bytes this rank put on the wire (docs/conventions.md)
-    Column("comm", "Comm", "Comm", 6, lambda run, name, m: human(m.comm_bytes, "B"),
+    Column("comm", "Comm", "Comm", 7, lambda run, name, m: human(m.comm_bytes, "B"),
            lambda run: run.profile.total.comm_bytes > 0),
     # and their sizes S (NCCL-tests' algorithm bytes), first to go when the table narrows
-    Column("comm_alg", "Comm S", "CommS", 14, lambda run, name, m: human(m.comm_alg_bytes, "B"),
+    Column("comm_alg", "Comm S", "CommS", 15, lambda run, name, m: human(m.comm_alg_bytes, "B"),
            lambda run: run.profile.total.comm_alg_bytes > 0),
-    Column("flops_min", "FLOPs min", "Fmin", 5,
+    Column("flops_min", "FLOPs min", "Fmin", 3,
            lambda run, name, m: human(run.spread[name]["flops"][0]), lambda run: run.spread),
-    Column("flops_max", "FLOPs max", "Fmax", 5,
+    Column("flops_max", "FLOPs max", "Fmax", 3,
            lambda run, name, m: human(run.spread[name]["flops"][2]), lambda run: run.spread),
-    Column("comm_min", "Comm min", "Cmin", 7,
+    Column("comm_min", "Comm min", "Cmin", 8,
            lambda run, name, m: human(run.spread[name]["comm_bytes"][0], "B"),
            lambda run: run.spread and run.profile.total.comm_bytes > 0),
-    Column("comm_max", "Comm max", "Cmax", 7,
+    Column("comm_max", "Comm max", "Cmax", 8,
            lambda run, name, m: human(run.spread[name]["comm_bytes"][2], "B"),
            lambda run: run.spread and run.profile.total.comm_bytes > 0),
-    Column("latency", "Latency", "Time", 3, _timed(lambda run, name, m: duration(_latency(m))),
+    Column("latency", "Latency", "Time", 4, _timed(lambda run, name, m: duration(_latency(m))),
            lambda run: run.profile.timing),
-    Column("percent_time", "% Time", "%Time", 4,
+    Column("percent_time", "% Time", "%Time", 6,
            _timed(lambda run, name, m: _percent(_latency(m), run.root_time)),
            lambda run: run.profile.timing),
-    Column("achieved", "FLOPS", "FLOP/s", 13,
+    Column("achieved", "FLOPS", "FLOP/s", 15,
            _timed(lambda run, name, m: human(m.flops / _latency(m), "FLOPS")
                   if _latency(m) else "-"),
            lambda run: run.profile.timing),
-    Column("latency_min", "Latency min", "Tmin", 6,
+    Column("latency_min", "Latency min", "Tmin", 5,
            lambda run, name, m: duration(run.spread[name]["latency_s"][0]),
            lambda run: run.spread and run.profile.timing),
-    Column("latency_max", "Latency max", "Tmax", 6,
+    Column("latency_max", "Latency max", "Tmax", 5,
            lambda run, name, m: duration(run.spread[name]["latency_s"][2]),
            lambda run: run.spread and run.profile.timing),
 )
@@ -157,7 +161,11 @@ COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 
 
 def terminal_width() -> int:
-    """The terminal's width in characters; ``DEFAULT_WIDTH`` when stdout is not one."""
+    """The width to fit: ``COLUMNS`` when it is set (``COLUMNS=80 python ... | less`` too),
+    else the terminal's; ``DEFAULT_WIDTH`` when stdout is not a terminal."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return max(40, int(columns))
     try:
         if not sys.stdout.isatty():
             return DEFAULT_WIDTH
@@ -230,8 +238,8 @@ def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = 
         chosen = available
         fit = width if width is not None else terminal_width()
     names = [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
-    table = _fitted(run, names, chosen, fit, ops)
-    lines = [table] + _footer(counter, by_phase, names, modules)
+    table, shown = _fitted(run, names, chosen, fit, ops)
+    lines = [table] + _footer(counter, by_phase, names, modules, {c.key for c in shown})
     if fit is not None:  # prose lines wrap at the same width
         lines = [table] + [textwrap.fill(line, fit, subsequent_indent="  ",
                                          break_on_hyphens=False) for line in lines[1:]]
@@ -257,15 +265,17 @@ def _chosen(columns, available: list, run) -> list:
     return chosen
 
 
-def _fitted(run, names: list, chosen: list, width: Optional[int], ops: int) -> str:
-    """The table of ``chosen`` columns, narrowed to ``width`` when it is given."""
+def _fitted(run, names: list, chosen: list, width: Optional[int], ops: int
+            ) -> tuple[str, list]:
+    """The table of ``chosen`` columns, narrowed to ``width`` when it is given, and the
+    columns it kept."""
     limit = None
     short = False
     chosen = list(chosen)
     while True:
         text = _table(run, names, chosen, short, limit, ops)
         if width is None or _widest(text) <= width:
-            return text
+            return text, chosen
         if not short:
             short = True
             continue
@@ -277,7 +287,7 @@ def _fitted(run, names: list, chosen: list, width: Optional[int], ops: int) -> s
         # by the excess (never below 12 characters)
         labels = [row[0] for row in _rows(run, names, chosen, None, ops)]
         limit = max(12, max(map(len, labels)) - (_widest(text) - width))
-        return _table(run, names, chosen, short, limit, ops)
+        return _table(run, names, chosen, short, limit, ops), chosen
 
 
 def _widest(text: str) -> int:
@@ -316,24 +326,26 @@ def _op_rows(run, name: str, m, chosen: list, ops: int) -> list:
             for op, stats in top if stats.flops]
 
 
-def _footer(counter, by_phase, names: list, modules: dict) -> list:
+def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
+    """The notes that apply to the table as printed: a column's note only with its column,
+    the model / hardware flops only where they differ."""
     lines = [coverage_line(counter.coverage())]
     if counter.ranks:
         lines.append(f"Gathered from {len(counter.ranks)} ranks: counts summed over ranks")
     if getattr(counter, "steps", 1) > 1:  # a FlopCounter is one step
         lines.append(f"Merged from {counter.steps} steps: counts and times summed "
                      "(per_step() gives the mean step)")
-    if counter.has_model and any(not modules[n].calls for n in names if n != ROOT):
+    if "calls" in shown and counter.has_model and \
+            any(not modules[n].calls for n in names if n != ROOT):
         lines.append(f"Calls {NEVER_CALLED}: a container never called itself (ModuleList); "
                      "its figures are its children's")
-    if any(by_phase[p].calls for p in PHASES if p not in MODEL_PHASES) or \
-            counter.total.masked_flops:
+    if human(counter.hardware_flops()) != human(counter.model_flops()):
         lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
     if counter.total.masked_flops:
         lines.append(f"Masked attention pairs computed: {human(counter.total.masked_flops)} "
                      "flops (FLOPs count them; model flops and MFU do not)")
-    if by_phase[OTHER].calls:
+    if OTHER in shown:
         lines.append("Other: ops run while none of the model's modules ran (a loss after the "
                      "model, gradient clipping) and their backward")
     graph_runs = counter.graph_runs
@@ -382,6 +394,10 @@ def coverage_line(coverage) -> str:
         f"no arithmetic {pair(lambda by: coverage.share(NO_ARITHMETIC, by))}"
         + (f", communication {pair(lambda by: coverage.share(COMMUNICATION, by))}"
            if coverage.calls.get(COMMUNICATION) else "")
-        + f"), estimated {pair(lambda by: coverage.share(ESTIMATED, by))}, "
-        f"unsupported {pair(lambda by: coverage.share(UNSUPPORTED, by))}"
+        + ")"
+        # estimated and unsupported only when some op was (the footer lists them by name)
+        + "".join(f", {label} {pair(lambda by, c=category: coverage.share(c, by))}"
+                  for label, category in (("estimated", ESTIMATED),
+                                          ("unsupported", UNSUPPORTED))
+                  if coverage.calls.get(category))
     )

@@ -77,11 +77,19 @@ class StepCost:
         return self.flops / self.bytes if self.bytes else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GenerationRoofline:
     """A generation against one device's roofs. ``steps`` are per forward call (prefill
-    first); per-token figures are per decode step, which gives every sequence one token.
-    ``measured_*`` are ``None`` unless timing was on."""
+    first): each a ``Roofline`` whose ``compute_s`` and ``memory_s`` are the step's flops /
+    peak and bytes / bandwidth, and whose ``attainable_s`` is the sum of its ops' own
+    ``max(flops / peak, bytes / bandwidth)`` (so it lies between the larger of the two and
+    their sum). Per-token figures are per decode step, which gives every sequence one
+    token. ``measured_*`` are ``None`` unless timing was on.
+
+    >>> roof = gp.roofline("H100-SXM")
+    >>> roof                    # one line: first token, per decode step, tokens/s, bounds
+    >>> print(roof.table())     # a row per step
+    """
 
     device: str
     steps: tuple  # Roofline per step
@@ -93,6 +101,45 @@ class GenerationRoofline:
     measured_time_to_first_token_s: Optional[float]
     measured_decode_s_per_step: Optional[float]
     measured_tokens_per_s: Optional[float]
+
+    def __repr__(self) -> str:
+        measured = ""
+        if self.measured_tokens_per_s is not None:
+            measured = f"; measured {self.measured_tokens_per_s:,.1f} tokens/s"
+        return (f"GenerationRoofline({self.device}: first token "
+                f"{duration(self.time_to_first_token_s)} ({self.prefill_bound}), decode "
+                f"{duration(self.decode_s_per_step)} per step ({self.decode_bound or '-'}), "
+                f"{self.tokens_per_s:,.1f} tokens/s attainable{measured}; "
+                f"{len(self.steps)} steps)")
+
+    def table(self) -> str:
+        """A row per step (prefill, then each decode step): flops per byte, the compute,
+        memory and attainable times, the bound and (timing on) the measured time and the
+        attainable / measured ratio."""
+        timed = self.measured_tokens_per_s is not None or self.measured_time_to_first_token_s \
+            is not None
+        rows = []
+        for i, r in enumerate(self.steps):
+            cells = [PREFILL if i == 0 else f"{DECODE} {i}",
+                     "-" if r.arithmetic_intensity is None else f"{r.arithmetic_intensity:.2f}",
+                     duration(r.compute_s or 0.0), duration(r.memory_s or 0.0),
+                     duration(r.attainable_s), r.bound]
+            if timed:
+                measured = r.attainable_s / r.efficiency if r.efficiency else None
+                cells += ["-" if measured is None else duration(measured),
+                          "-" if r.efficiency is None else f"{100 * r.efficiency:.3g}%"]
+            rows.append(cells)
+        headers = ["Step", "FLOP/B", "Compute", "Memory", "Attainable", "Bound"]
+        if timed:
+            headers += ["Measured", "Efficiency"]
+        align = tuple("left" if h in ("Step", "Bound") else "right" for h in headers)
+        return "\n".join([f"{self.device}: time = the sum of each op's max(flops / peak, "
+                          "bytes / bandwidth)",
+                          tabulate(rows, headers=headers, disable_numparse=True,
+                                   colalign=align), repr(self)])
+
+    def __str__(self) -> str:
+        return self.table()
 
 
 def _cache_layers(cache):
@@ -147,11 +194,31 @@ def _step_input(args, kwargs) -> Optional[Tensor]:
     return args[0] if args and isinstance(args[0], Tensor) else None
 
 
+# the names a step's KV cache goes by: ``cache`` in current transformers (which warn on a
+# read of the old name), ``past_key_values`` before
+_CACHE_NAMES = ("cache", "past_key_values")
+
+
 def _cache_of(output, kwargs):
-    cache = getattr(output, "past_key_values", None)
-    if cache is None and isinstance(output, Mapping):
-        cache = output.get("past_key_values")
-    return cache if cache is not None else kwargs.get("past_key_values")
+    """The KV cache a step returned (or, failing that, was given), read under its current
+    name first: reading ``past_key_values`` where ``cache`` exists prints transformers'
+    deprecation warning, which a user did not ask for."""
+    if isinstance(output, Mapping):  # a ModelOutput: its keys are the fields that are set
+        present = list(output.keys())
+        for name in _CACHE_NAMES:
+            if name in present:
+                return output[name]
+    else:
+        for name in _CACHE_NAMES:
+            if name in getattr(type(output), "__dataclass_fields__", {}) or \
+                    name in getattr(output, "__dict__", {}):
+                cache = getattr(output, name)
+                if cache is not None:
+                    return cache
+    for name in _CACHE_NAMES:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
 
 
 class _Steps:
@@ -366,19 +433,21 @@ class GenerationProfile:
             # kernels run one after another, each on its own roof: a step's time is the sum
             # of its ops' (one record per module and operator), not one roof for the step's
             # totals, where a matmul's compute would hide a norm's memory traffic
-            compute_s = memory_s = 0.0
+            compute_bound = memory_bound = 0.0  # time of the ops on each roof
             for record in p.records():
                 stats = record.stats
                 flops_s, bytes_s = stats.flops / peak, stats.bytes / bandwidth
                 if flops_s >= bytes_s:
-                    compute_s += flops_s
+                    compute_bound += flops_s
                 else:
-                    memory_s += bytes_s
-            attainable = compute_s + memory_s
+                    memory_bound += bytes_s
+            attainable = compute_bound + memory_bound
             return Roofline(
                 arithmetic_intensity=p.total.arithmetic_intensity, attainable_s=attainable,
-                bound=COMPUTE_BOUND if compute_s >= memory_s else MEMORY_BOUND,
-                efficiency=attainable / p.wall_s if p.wall_s and attainable else None)
+                bound=COMPUTE_BOUND if compute_bound >= memory_bound else MEMORY_BOUND,
+                efficiency=attainable / p.wall_s if p.wall_s and attainable else None,
+                compute_s=p.total.flops / peak, memory_s=p.total.bytes / bandwidth,
+                comm_s=0.0)
 
         steps = tuple(place(p) for p in self.steps)
         first = steps[0].attainable_s + (place(self.encoder).attainable_s
@@ -462,12 +531,23 @@ class GenerationProfile:
             lines.append(f"KV cache holds {human(held, 'B')} from the prefill on, "
                          f"{human(filled, 'B')} of it filled then: attention runs over all "
                          "of it at every step")
-        lines.append(f"{len(self.decode)} decode steps of {costs[-1].sequences} sequences")
+        lines.append(self._steps_line())
         return "\n".join(lines)
+
+    def _steps_line(self) -> str:
+        """What the steps were, in the words of ``generate``'s arguments: each forward call
+        gives every sequence one new token, the prefill's included, so ``max_new_tokens=8``
+        is the prefill and 7 decode steps."""
+        n, sequences = len(self.steps), self._facts[-1]["sequences"]
+        plural = "s" if n != 1 else ""
+        return (f"{n} new token{plural} per sequence ({sequences} sequence"
+                f"{'s' if sequences != 1 else ''}): the prefill's, then {len(self.decode)} "
+                f"decode step{'s' if len(self.decode) != 1 else ''} of one token each")
 
     def __str__(self) -> str:
         return self.table()
 
     def __repr__(self) -> str:
         return (f"GenerationProfile({self.total.root_label}, prefill + {len(self.decode)} "
-                f"decode steps, {self.total.total.flops} flops)")
+                f"decode steps = {len(self.steps)} new tokens per sequence, "
+                f"{human(self.total.total.flops, 'FLOPs')})")
