@@ -112,7 +112,7 @@ COLUMNS: tuple = (
     Column("macs", "MACs", "MACs", 10, lambda run, name, m: human(m.macs)),
     Column("flops", "FLOPs", "FLOPs", 1, lambda run, name, m: human(m.flops)),
     # masked attention pairs were computed: the flops the model needed (docs/conventions.md)
-    Column("model_flops", "Model FLOPs", "Model", 2,
+    Column("model_flops", "Model FLOPs", "Model", 6,
            lambda run, name, m: human(m.inclusive.model_flops),
            lambda run: run.profile.total.masked_flops > 0),
     _phase_column(FORWARD, 11),
