@@ -106,7 +106,7 @@ def _summed(cost, layout, **kw) -> Cost:
     """``cost`` of each ``(count, q, k, v)`` in ``layout``, times its count, summed (the
     masked pairs' share too)."""
     total = [(count, cost(q, k, v, **kw)) for count, q, k, v in layout]
-    return Cost(*(sum(n * getattr(c, f) for n, c in total) for f in ("flops", "macs")),
+    return Cost(sum(n * c.flops for n, c in total), sum(n * c.macs for n, c in total),
                 masked_flops=sum(n * c.masked_flops for n, c in total),
                 masked_macs=sum(n * c.masked_macs for n, c in total))
 
