@@ -260,3 +260,76 @@ def test_ring_attention_counts_each_rank_its_share(world):
             "c10d.send|forward|": [2 * (n - 1), 2 * (n - 1) * kv_block],
             "c10d.recv_|forward|": [2 * (n - 1), 0]}
     assert sum(r["cp"]["ring"]["macs"]["forward"] for r in ranks) == 2 * b * h * s * s * d
+
+
+# -- DTensor's sharding propagation is not this rank's work --------------------------------
+def _spawn_cp(world_size: int, folder, slow: bool) -> list[dict]:
+    import cp_scenarios
+
+    context = mp.start_processes(cp_scenarios.run_rank,
+                                 args=(world_size, _free_port(), str(folder), slow),
+                                 nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + (400 if slow else 120)
+    try:
+        while not context.join(timeout=1):
+            assert time.monotonic() < deadline, f"{world_size} gloo ranks did not finish"
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def test_sharding_propagation_by_decomposition_is_not_counted(tmp_path):
+    """hardswish has no sharding rule of its own: DTensor traces its decomposition on meta
+    tensors, once per candidate placement, on a fake mesh it builds, under the counter's
+    mode. None of that is this rank's work: a rank counts one hardswish of its own rows,
+    exactly what the same call on the plain local tensor counts (and nothing else)."""
+    from cp_scenarios import ROWS
+    from cp_scenarios import D as WIDTH
+    for rank in _spawn_cp(2, tmp_path, slow=False):
+        run = rank["hardswish"]
+        assert run["right"]
+        assert run["dtensor"] == run["plain"] == {"aten.hardswish": run["plain"]["aten.hardswish"]}
+        assert run["plain"]["aten.hardswish"][0] == 1
+        # the same in a tensor-parallel MLP, Linear(D, 2D) colwise, Hardswish, Linear(2D, D)
+        # rowwise: each rank's matmuls on its D of the 2D hidden features, ROWS rows; backward
+        # the two weights' gradients and the hidden activation's (the input needs none)
+        mlp = rank["mlp"]
+        local = ROWS * WIDTH * (2 * WIDTH // 2)
+        assert mlp["macs"]["forward"] == 2 * local and mlp["macs"]["backward"] == 3 * local
+        assert mlp["ops"]["aten.hardswish"][0] == mlp["ops"]["aten.hardswish_backward"][0] == 1
+        assert mlp["ops"]["_c10d_functional.all_reduce"][0] == 1
+        assert not {"aten.add", "aten.clamp", "aten.empty", "aten.mul"} & set(mlp["ops"])
+
+
+@pytest.mark.slow
+def test_torch_context_parallel_counts_each_rank_its_attention(tmp_path):
+    """torch's own context_parallel (all-gather rotation, CPU flash kernel; forward only:
+    no sharding rule for the CPU flash backward in torch 2.13) on 2 ranks. Its sharding of
+    the CPU flash kernel comes from tracing the kernel's decomposition (math attention:
+    matmul, bmm, softmax) on meta tensors for every candidate placement, about 15.5 M MACs
+    that were counted as the rank's before. Now each rank counts: one flash call of its S/n
+    query rows against all S keys, B H (S/n) S (d + d_v) MACs (QK^T and PV), the two
+    all-gathers of K and V (comm_bytes S (n - 1) / n of each gathered [B, H, S, d]) and the
+    views around them; the logical figure is the whole attention's B H S S (d + d_v)."""
+    from cp_scenarios import CP_SHAPE
+
+    n = 2
+    b, h, s, d = CP_SHAPE
+    gathered = b * h * s * d * FLOAT
+    for rank in _spawn_cp(n, tmp_path, slow=True):
+        cp = rank["cp"]
+        assert cp["right"] and cp["rows"] == s // n
+        ops = cp["ops"]
+        assert ops["aten._scaled_dot_product_flash_attention_for_cpu"][0] == 1
+        assert ops["aten._scaled_dot_product_flash_attention_for_cpu"][2] == \
+            b * h * (s // n) * s * (d + d)
+        assert sum(v[2] for v in ops.values()) == b * h * (s // n) * s * (d + d)
+        assert ops["_c10d_functional.all_gather_into_tensor"] == \
+            [2, 0, 0, 2 * gathered * (n - 1) // n]
+        assert sum(v[3] for v in ops.values()) == 2 * gathered * (n - 1) // n
+        # what DTensor's strategy tracing ran: none of it here
+        assert not {"aten.matmul", "aten.bmm", "aten._safe_softmax", "aten.empty",
+                    "aten._scaled_dot_product_attention_math"} & set(ops)
+        assert cp["logical_macs"] == b * h * s * s * (d + d)

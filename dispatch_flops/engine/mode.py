@@ -884,22 +884,27 @@ class CountingMode(TorchDispatchMode):
 
     # -- tensor subclasses that unwrap to local work (the slow path) --------------------------
     def _run_sharding_propagation_uncounted(self) -> None:
-        """From now on, run without counting the ops that run under a fake tensor mode
-        (``_outside_sharding_propagation``). Called whenever the mode lets a DTensor run an
-        op (after the first, it sets what is set): DTensor works out the global shapes of its
-        ops on fake tensors (sharding propagation) under this mode, and those ops are its
-        bookkeeping, not work this rank executes."""
+        """From now on, run without counting the ops that run under a fake tensor mode or
+        that DTensor's sharding propagation makes (``_outside_sharding_propagation``). Called
+        whenever the mode lets a DTensor run an op (after the first, it sets what is set):
+        DTensor works out the global shapes of its ops on fake tensors under this mode, and,
+        for an op with no sharding rule of its own (the CPU flash attention, hardswish),
+        traces the op's decomposition on meta tensors once per candidate placement
+        (``torch.distributed.tensor._decompositions``, thousands of ops for one attention):
+        those ops are its bookkeeping, not work this rank executes."""
         # An instance attribute shadows the class's __torch_dispatch__ (torch looks it up on
         # the mode object): only a mode that has met a DTensor pays for the fake-mode check
         # on every op; every other mode keeps the plain hot path.
         self.__dict__["__torch_dispatch__"] = self._outside_sharding_propagation
 
     def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
-        if torch._C._get_dispatch_mode(_FAKE) is not None:
-            return func(*args, **kwargs) if kwargs else func(*args)
         # the caller's frame; None when no Python frame made the call (an autograd device
         # thread running backward)
-        return self._followed(func, types, args, kwargs, sys._getframe().f_back)
+        caller = sys._getframe().f_back
+        if torch._C._get_dispatch_mode(_FAKE) is not None or \
+                _origin(caller)[1] is _PROPAGATION:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        return self._followed(func, types, args, kwargs, caller)
 
     def _followed(self, func, types, args, kwargs, caller):
         """Count the call (``caller``: the frame that made it), then follow it into the
@@ -1181,13 +1186,21 @@ def _tensors(values) -> list:
         return [v for v in values if isinstance(v, Tensor)]
     return []
 # Where an op comes from: the first frame up the stack that is not one the call passes through
-# (``OpOverload.__call__``; the functional collectives, an AsyncCollectiveTensor's dispatch),
-# and whether it is DTensor's own code (to_local, redistribute, its Python dispatch path)
-_DTENSOR, _PASSING = "dtensor", "passing"
-_PLACES = ((os.path.join("torch", "distributed", "tensor", ""), _DTENSOR),
+# (``OpOverload.__call__``; the functional collectives, an AsyncCollectiveTensor's dispatch; a
+# DeviceMesh working out its coordinates, for whoever builds it: the fake mesh of DTensor's
+# sharding propagation, DTensor's dispatch, the user),
+# and whether it is DTensor's own code (to_local, redistribute, its Python dispatch path) or
+# its sharding propagation (ops on fake or meta tensors at global shapes: never counted)
+_DTENSOR, _PASSING, _PROPAGATION = "dtensor", "passing", "propagation"
+_TENSOR_PACKAGE = os.path.join("torch", "distributed", "tensor", "")
+_PLACES = ((_TENSOR_PACKAGE + "_decompositions.py", _PROPAGATION),
+           (_TENSOR_PACKAGE + "_sharding_prop.py", _PROPAGATION),
+           (_TENSOR_PACKAGE, _DTENSOR),
+           (os.path.join("torch", "distributed", "device_mesh.py"), _PASSING),
+           (os.path.join("torch", "distributed", "_mesh_layout.py"), _PASSING),
            (os.path.join("torch", "distributed", "_functional_collectives"), _PASSING),
            (os.path.join("torch", "_ops.py"), _PASSING))
-_CODE_KINDS: dict = {}  # code object -> _DTENSOR, _PASSING or None (the user's)
+_CODE_KINDS: dict = {}  # code object -> _DTENSOR, _PASSING, _PROPAGATION or None (the user's)
 
 
 def _call_site(frame) -> tuple:
@@ -1250,12 +1263,11 @@ class GuardedCountingMode(CountingMode):
     def _outside_sharding_propagation(self, func, types, args=(), kwargs=None):
         tracker = self.tracker
         assert tracker is not None  # a mode counts only while bound to its tracker
+        caller = sys._getframe().f_back
         if torch._C._get_dispatch_mode(_FAKE) is not None or \
-                not tracker.sees(sys._getframe()):
+                _origin(caller)[1] is _PROPAGATION or not tracker.sees(sys._getframe()):
             return func(*args, **kwargs) if kwargs else func(*args)
-        # the caller's frame; None when no Python frame made the call (an autograd device
-        # thread running backward)
-        return self._followed(func, types, args, kwargs, sys._getframe().f_back)
+        return self._followed(func, types, args, kwargs, caller)
 
 
 def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None:
