@@ -5,15 +5,12 @@ Each world size is spawned once (``tests/dist_scenarios.py`` runs every scenario
 what it saw); the oracles are computed here: closed forms on the shard shapes, and the
 single-process count each rank made of the same model."""
 
-import json
-import socket
-import time
 
 import dist_scenarios
 import pytest
 import torch
-import torch.multiprocessing as mp
 from dist_scenarios import BATCH, D, H
+from gloo import spawn_ranks
 
 from dispatch_flops import COMM_BOUND, DEVICES, Profile, Stats
 from dispatch_flops.distributed import gather, gathered
@@ -21,31 +18,12 @@ from dispatch_flops.distributed import gather, gathered
 FLOAT = 4  # float32 bytes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(world_size: int, folder) -> list[dict]:
-    context = mp.start_processes(dist_scenarios.run_rank,
-                                 args=(world_size, _free_port(), str(folder)),
-                                 nprocs=world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + 150
-    try:
-        while not context.join(timeout=1):
-            assert time.monotonic() < deadline, f"{world_size} gloo ranks did not finish"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def world(request, tmp_path_factory):
     n = request.param
-    return n, _spawn(n, tmp_path_factory.mktemp(f"world{n}"))
+    return n, spawn_ranks(dist_scenarios.run_rank, n, tmp_path_factory.mktemp(f"world{n}"))
 
 
 def ring_all_reduce(size, n):

@@ -4,45 +4,24 @@ all-to-all priced from its splits, rooted collectives by each rank's role, both 
 gathers that survive a skipped round. ``tests/dist_comm.py`` runs the scenarios in every rank
 and writes what it saw; the oracles are hand counts made here."""
 
-import json
-import socket
-import time
 
 import dist_comm
 import pytest
-import torch.multiprocessing as mp
 from dist_comm import DIM, HEADS, ROW, B, S, rows_sent
+from gloo import spawn_ranks
 
 ROW_BYTES = ROW * 4  # float32
 BLOCK = 4 * ROW_BYTES  # the [4, ROW] tensor of the rooted collectives
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(world_size: int, folder, parts: tuple) -> list[dict]:
-    context = mp.start_processes(dist_comm.run_rank,
-                                 args=(world_size, _free_port(), str(folder), parts),
-                                 nprocs=world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    try:
-        while not context.join(timeout=1):
-            assert time.monotonic() < deadline, f"{world_size} gloo ranks did not finish"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def world(request, tmp_path_factory):
     n = request.param
     parts = ("collectives", "attention", "fsdp", "rounds")
-    return n, _spawn(n, tmp_path_factory.mktemp(f"comm{n}"), parts)
+    return n, spawn_ranks(dist_comm.run_rank, n, tmp_path_factory.mktemp(f"comm{n}"), parts,
+                          limit_s=120)
 
 
 @pytest.mark.slow

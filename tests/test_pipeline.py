@@ -5,14 +5,11 @@ each microbatch's actions in the schedule's order with their bytes, busy and idl
 the stages (different modules) gathered side by side. Hand counts are computed here
 (``tests/pipe_scenarios.py`` runs the ranks)."""
 
-import json
-import socket
-import time
 
 import pipe_scenarios
 import pytest
 import torch
-import torch.multiprocessing as mp
+from gloo import spawn_ranks
 from pipe_scenarios import BATCH, MICRO, D
 
 from dispatch_flops import FlopCounter, Profile
@@ -23,32 +20,13 @@ ROWS = BATCH // MICRO  # a microbatch's rows
 ACTIVATION = ROWS * D * FLOAT  # bytes of one microbatch's activation (and of its gradient)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(world_size: int, folder) -> list[dict]:
-    context = mp.start_processes(pipe_scenarios.run_rank,
-                                 args=(world_size, _free_port(), str(folder)),
-                                 nprocs=world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + 150
-    try:
-        while not context.join(timeout=1):
-            assert time.monotonic() < deadline, f"{world_size} gloo ranks did not finish"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
 @pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)],
                 ids=["2 ranks", "4 ranks"])
 def world(request, tmp_path_factory):
     n = request.param
-    return n, _spawn(n, tmp_path_factory.mktemp(f"pipe{n}"))
+    return n, spawn_ranks(pipe_scenarios.run_rank, n, tmp_path_factory.mktemp(f"pipe{n}"))
 
 
 def expected_order(schedule: str, stage: int, n: int) -> list:
@@ -266,18 +244,8 @@ def test_ring_attention_counts_each_rank_its_share(world):
 def _spawn_cp(world_size: int, folder, slow: bool) -> list[dict]:
     import cp_scenarios
 
-    context = mp.start_processes(cp_scenarios.run_rank,
-                                 args=(world_size, _free_port(), str(folder), slow),
-                                 nprocs=world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + (400 if slow else 120)
-    try:
-        while not context.join(timeout=1):
-            assert time.monotonic() < deadline, f"{world_size} gloo ranks did not finish"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world_size)]
+    return spawn_ranks(cp_scenarios.run_rank, world_size, folder, slow,
+                       limit_s=400 if slow else 120)
 
 
 def test_sharding_propagation_by_decomposition_is_not_counted(tmp_path):
