@@ -201,21 +201,9 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
     fig = _figure(5.5 * len(metrics) + 1.5, 1.2 + 0.32 * len(names))
     axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
     rows = range(len(names))
-    legend = {}  # phase: a bar of it, from whichever panel drew one
-    for ax, metric in zip(axes, metrics):
-        left = [0.0] * len(names)
-        for phase in phases:
-            # a module's forward latency in by_module(phase=FORWARD) is its call spans
-            widths = [_value(per_phase[phase][n].inclusive, metric)
-                      if n in per_phase[phase] else 0.0 for n in names]
-            if not any(widths):  # empty bars would pin the axis's end to the last phase's
-                continue
-            legend[phase] = ax.barh(rows, widths, left=left, color=_PHASE_COLOR.get(phase),
-                                    label=phase)
-            left = [a + b for a, b in zip(left, widths)]
-        ax.set_xlabel(_METRIC_LABEL[metric])
-        ax.xaxis.set_major_formatter(_formatter(metric))
-        ax.grid(axis="x", alpha=0.3)
+    # a module's forward latency in by_module(phase=FORWARD) is its call spans
+    legend = _stacked(axes, metrics, phases, names, lambda phase, n, metric: _value(
+        per_phase[phase][n].inclusive, metric) if n in per_phase[phase] else 0.0)
     axes[0].set_yticks(list(rows), [_label(counter, n) if depth_of(n) == depth else
                                      f"{_label(counter, n)} (depth {depth_of(n)})"
                                      for n in names])
@@ -226,6 +214,25 @@ def by_module(counter, depth: int = 1, *, top: int = 25):
     left_out = f"; {dropped} smaller left out (top={top})" if dropped else ""
     fig.suptitle(f"{counter.root_label}{_summed(counter)}: modules at depth {depth}{left_out}")
     return fig
+
+
+def _stacked(axes, metrics: list, phases: list, names: list, value) -> dict:
+    """Bars of ``value(phase, name, metric)`` for each name, stacked by phase, one axis per
+    metric; ``{phase: its bars}`` for the legend."""
+    rows, legend = range(len(names)), {}
+    for ax, metric in zip(axes, metrics):
+        left = [0.0] * len(names)
+        for phase in phases:
+            widths = [value(phase, n, metric) for n in names]
+            if not any(widths):  # empty bars would pin the axis's end to the last phase's
+                continue
+            legend[phase] = ax.barh(rows, widths, left=left, color=_PHASE_COLOR.get(phase),
+                                    label=phase)
+            left = [x + w for x, w in zip(left, widths)]
+        ax.set_xlabel(_METRIC_LABEL[metric])
+        ax.xaxis.set_major_formatter(_formatter(metric))
+        ax.grid(axis="x", alpha=0.3)
+    return legend
 
 
 def _by_operator(counter, top: int):
@@ -243,20 +250,8 @@ def _by_operator(counter, top: int):
     fig = _figure(5.5 * len(metrics) + 1.5, 1.2 + 0.32 * max(1, len(names)))
     axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
     rows = range(len(names))
-    legend = {}
-    for ax, metric in zip(axes, metrics):
-        left = [0.0] * len(names)
-        for phase in phases:
-            widths = [_value(per_phase[phase][n], metric) if n in per_phase[phase] else 0.0
-                      for n in names]
-            if not any(widths):
-                continue
-            legend[phase] = ax.barh(rows, widths, left=left, color=_PHASE_COLOR.get(phase),
-                                    label=phase)
-            left = [a + b for a, b in zip(left, widths)]
-        ax.set_xlabel(_METRIC_LABEL[metric])
-        ax.xaxis.set_major_formatter(_formatter(metric))
-        ax.grid(axis="x", alpha=0.3)
+    legend = _stacked(axes, metrics, phases, names, lambda phase, n, metric: _value(
+        per_phase[phase][n], metric) if n in per_phase[phase] else 0.0)
     axes[0].set_yticks(list(rows), names)
     axes[0].invert_yaxis()
     axes[0].set_ylabel("Operator")

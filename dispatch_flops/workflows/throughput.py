@@ -103,16 +103,14 @@ def _first_tokens(values) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class StepTiming:
-    """One timed (uncounted) step: its time and the flops of the last counted step with its
-    input signature. ``mfu`` / ``hfu`` are ``None`` without a peak."""
+class _Rates:
+    """tokens/s, MFU and HFU from a step time, its tokens and flops, and one peak: the same
+    arithmetic for one step (``StepTiming``) and for their means (``ThroughputReading``)."""
 
-    index: int  # the step's number, from 0 (warm-up steps included)
     step_s: float
-    tokens: int
-    model_flops: int
-    hardware_flops: int
+    tokens: float
+    model_flops: float
+    hardware_flops: float
     peak_flop_s: Optional[float]
 
     @property
@@ -131,7 +129,21 @@ class StepTiming:
 
 
 @dataclass(frozen=True)
-class ThroughputReading:
+class StepTiming(_Rates):
+    """One timed (uncounted) step: its time and the flops of the last counted step with its
+    input signature. ``mfu`` / ``hfu`` are ``None`` without a peak."""
+
+    index: int  # the step's number, from 0 (warm-up steps included)
+    step_s: float
+    tokens: int
+    model_flops: int
+    hardware_flops: int
+    peak_flop_s: Optional[float]
+
+
+
+@dataclass(frozen=True)
+class ThroughputReading(_Rates):
     """Timed steps summed up: means per step (``step_s``, ``model_flops``,
     ``hardware_flops``, ``tokens``), and from those very figures ``tokens_per_s = tokens /
     step_s``, ``mfu = model_flops / (step_s * peak_flop_s)`` and ``hfu`` likewise, so a log
@@ -154,19 +166,6 @@ class ThroughputReading:
     counted_steps: int
     unpriced_steps: int
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.step_s
-
-    @property
-    def mfu(self) -> Optional[float]:
-        return None if self.peak_flop_s is None else \
-            self.model_flops / (self.step_s * self.peak_flop_s)
-
-    @property
-    def hfu(self) -> Optional[float]:
-        return None if self.peak_flop_s is None else \
-            self.hardware_flops / (self.step_s * self.peak_flop_s)
 
     def metrics(self) -> dict[str, float]:
         """What a callback logs: ``model_flops``, ``hardware_flops``, ``tokens_per_s``,
