@@ -227,7 +227,10 @@ def rows_of(s: Shape) -> tuple[tuple, tuple]:
     n, e, a = s.parameters, s.embedding, Fraction(s.attention)
     lhqt = f"{2 * f}·L·H·Q·T"
     half = f"{f}·L·H·Q·T"
-    pairs = "unmasked (query, key) pairs"
+    # model flops leave out the masked pairs the counter saw (a mask's values, is_causal); on
+    # the meta device a mask has no values, and every pair stays in
+    pairs = "unmasked (query, key) pairs" if s.masked or s.counted_attention == "causal" else \
+        "every (query, key) pair"
     head = "the LM head (tied: the embedding)" if s.tied else "the LM head"
     no_head = "; the LM head with them (tied)" if s.tied else ""
     phases = "forward + backward" if s.passes == 3 else "forward"
