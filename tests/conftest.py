@@ -38,11 +38,12 @@ _OLDER_TORCH_DIFFERS = {
         ("2.13", "torch's decomposition of the op changed in 2.13"),
     # checked on 2.13 and found to differ on 2.8 (CI's floor); the versions between untried
     "test_attention_masks.py::test_model_and_hardware_flops[GQA 2:1 window 64]":
-        ("2.13", "on torch 2.8 the test's SDPA row reads 0 MACs: GQA with a mask runs other "
-                 "ops there (not yet checked which)"),
+        ("2.13", "torch 2.8 runs SDPA with GQA and a mask on its math path (bmm, "
+                 "_safe_softmax: priced and masked right, checked by hand); the test reads only "
+                 "the fused kernel's rows"),
     "test_attention_masks.py::test_model_and_hardware_flops[HF Gemma-3 sdpa (sliding + global)]":
-        ("2.13", "on torch 2.8 the test reads half the hardware MACs (4,194,304 of 8,388,608) "
-                 "from transformers' Gemma-3 sdpa path: not yet understood"),
+        ("2.13", "on torch 2.8 the test's fused rows hold half the hardware MACs (4,194,304 "
+                 "of 8,388,608): likely one layer on SDPA's math path, as with GQA above"),
     "test_attention_masks.py::test_flex_backward_operator_is_counted":
         ("2.13", "the test calls flex_attention_backward with torch 2.13's arguments"),
     "test_conventions.py::test_real_run_reads_fused_causal_attention_and_recompute":
