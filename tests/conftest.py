@@ -48,12 +48,6 @@ _OLDER_TORCH_DIFFERS = {
         ("2.13", "the test calls flex_attention_backward with torch 2.13's arguments"),
     "test_conventions.py::test_real_run_reads_fused_causal_attention_and_recompute":
         ("2.13", "on torch 2.8 transformers passes Llama's SDPA a mask, not is_causal"),
-    "test_experts.py::test_mixtral_experts_follow_the_router[eager]":
-        ("2.13", "on torch 2.8 transformers runs its own op transformers.grouped_mm_fallback, "
-                 "listed unsupported (no formula yet)"),
-    "test_experts.py::test_mixtral_experts_follow_the_router[grouped_mm]":
-        ("2.13", "on torch 2.8 transformers runs its own op transformers.grouped_mm_fallback, "
-                 "listed unsupported (no formula yet)"),
     "test_pipeline.py::test_sharding_propagation_by_decomposition_is_not_counted":
         ("2.13", "torch 2.8's DTensor has no sharding rule for hardswish (no propagation by "
                  "decomposition): the op raises"),

@@ -118,3 +118,30 @@ def test_expert_plot():
     assert "max/mean" in ax.get_title()
     with pytest.raises(ValueError, match="the run's"):
         plot.experts(fc, layers=["nope"])
+
+
+def test_transformers_grouped_mm_fallback_is_priced_as_its_mm_loop():
+    """transformers' own grouped matmul op (what its experts run where torch has no
+    _grouped_mm) costs what its loop of per-expert mm calls costs, forward and backward."""
+    pytest.importorskip("transformers")
+    import torch.nn.functional as F
+    from transformers.integrations import moe  # registers the op
+    del moe
+    op = getattr(torch.ops.transformers, "grouped_mm_fallback", None)
+    if op is None:
+        pytest.skip("this transformers has no grouped_mm_fallback op")
+    torch.manual_seed(0)
+    x = torch.randn(11, 6, requires_grad=True)
+    weight = torch.randn(3, 6, 5, requires_grad=True)
+    offs = torch.tensor([4, 4, 11])  # expert 1 gets no rows
+    with FlopCounter() as fc:
+        op(x, weight, offs).sum().backward()
+    with FlopCounter() as loop:  # the oracle: the same product as one mm per expert's rows
+        start, out = 0, []
+        for e, end in enumerate(offs.tolist()):
+            out.append(F.linear(x[start:end], weight[e].T))
+            start = end
+        torch.cat(out).sum().backward()
+    assert not any("grouped_mm" in op for op in fc.unsupported_ops())
+    for phase in ("forward", "backward"):
+        assert fc.by_phase()[phase].macs == loop.by_phase()[phase].macs > 0
