@@ -202,30 +202,22 @@ def compute_dtype(args) -> Optional[str]:
     "float8_e4m3fn", "float4_e2m1fn_x2"), looking into lists of tensors; without one,
     "int8" when an argument is int8 (or a quantized int8 tensor); None otherwise. Once per
     signature, never per call."""
-    found = _first_float(args)
-    return found if found is not None else _int8_operand(args)
-
-
-def _first_float(args) -> Optional[str]:
-    for a in args:
-        if a.__class__ is list or a.__class__ is tuple:
-            found = _first_float(a)
-            if found is not None:
-                return found
-        elif isinstance(a, Tensor) and a.dtype.is_floating_point:
+    int8 = None
+    for a in _leaf_tensors(args):
+        if a.dtype.is_floating_point:
             return str(a.dtype).replace("torch.", "")
-    return None
+        if int8 is None:
+            int8 = _INT8_OPERANDS.get(a.dtype)
+    return int8
 
 
-def _int8_operand(args) -> Optional[str]:
+def _leaf_tensors(args):
+    """The tensors among ``args``, in order, looking into (nested) lists and tuples."""
     for a in args:
         if a.__class__ is list or a.__class__ is tuple:
-            found = _int8_operand(a)
-            if found is not None:
-                return found
-        elif isinstance(a, Tensor) and a.dtype in _INT8_OPERANDS:
-            return _INT8_OPERANDS[a.dtype]
-    return None
+            yield from _leaf_tensors(a)
+        elif isinstance(a, Tensor):
+            yield a
 
 
 def formula_call(args, kwargs, out, resolved) -> tuple:
@@ -1185,6 +1177,8 @@ def _tensors(values) -> list:
     if isinstance(values, (list, tuple, ValuesView)):
         return [v for v in values if isinstance(v, Tensor)]
     return []
+
+
 # Where an op comes from: the first frame up the stack that is not one the call passes through
 # (``OpOverload.__call__``; the functional collectives, an AsyncCollectiveTensor's dispatch; a
 # DeviceMesh working out its coordinates, for whoever builds it: the fake mesh of DTensor's
