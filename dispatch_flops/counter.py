@@ -19,9 +19,9 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dispatch_flops.engine import compiled as _compiled
-from dispatch_flops.engine import experts as _experts
-from dispatch_flops.engine import facts as _facts
-from dispatch_flops.engine.experts import ExpertLoad
+from dispatch_flops.engine import expert_load as _experts
+from dispatch_flops.engine import module_facts as _facts
+from dispatch_flops.engine.expert_load import ExpertLoad
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
 from dispatch_flops.engine.records import Captured, engine_cache

@@ -64,7 +64,7 @@ def test_the_engines_parts_use_only_the_trackers_public_surface():
     """Compiled graphs, module facts, saved activations, the dispatch mode and the counter
     read the tracker through its documented methods and attributes, never its private
     state."""
-    files = [ENGINE / "compiled.py", ENGINE / "facts.py", ENGINE / "saved.py",
+    files = [ENGINE / "compiled.py", ENGINE / "module_facts.py", ENGINE / "saved.py",
              ENGINE / "mode.py", ENGINE.parent / "counter.py"]
     assert {f.name: _private_tracker_reads(f) for f in files} == {f.name: [] for f in files}
 

@@ -18,7 +18,7 @@ from dispatch_flops.counter import FlopCounter
 from dispatch_flops.engine.activations import ActivationRecorder
 from dispatch_flops.results.format import duration, human
 from dispatch_flops.results.stats import FORWARD, ROOT, check_int
-from dispatch_flops.views.deepspeed import ProfileView, World
+from dispatch_flops.views.deepspeed_printout import ProfileView, World
 
 
 def _ignored_types(ignore_list) -> tuple:

@@ -62,7 +62,8 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
-from dispatch_flops.engine import facts, flex
+from dispatch_flops.engine import flex
+from dispatch_flops.engine import module_facts as facts
 from dispatch_flops.engine.records import CALLS, NS
 from dispatch_flops.engine.tracker import Frame, ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT

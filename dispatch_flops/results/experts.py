@@ -1,6 +1,6 @@
 """MoE expert load as figures (``Profile.experts``) and as text (``Profile.experts_table``):
 per MoE layer, the tokens each expert was given, their imbalance, and the padding a
-capacity kernel computed. The counts come from ``RunFacts.experts`` (``engine.experts``
+capacity kernel computed. The counts come from ``RunFacts.experts`` (``engine.expert_load``
 records them, by the rules docs/distributed.md states)."""
 
 from __future__ import annotations

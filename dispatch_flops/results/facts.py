@@ -41,7 +41,7 @@ class RunFacts:
     ``attention_calls`` and ``parameters``: what the MFU conventions read (``conventions``):
     the forward attention calls, ``(stack, batch, heads, q_len, k_len, head_dim, value_dim,
     causal, calls)`` each, and the model's parameters in groups, ``(name, count)`` pairs
-    (``engine.facts``)."""
+    (``engine.module_facts``)."""
 
     model: str = GLOBAL  # the root's label: the model's class name
     has_model: bool = False
@@ -70,6 +70,6 @@ class RunFacts:
     # gradients), ns its time (start_ns from the block's start; both 0 untimed), sent and
     # received the bytes of the activations (F) or gradients (B, I) it sent and received
     pipeline: tuple = ()
-    # MoE layers (engine.experts): ``(layer, tokens per expert, rows computed per expert,
+    # MoE layers (engine.expert_load): ``(layer, tokens per expert, rows computed per expert,
     # calls)`` each, in tree order; rows exceed tokens where the kernel pads to a capacity
     experts: tuple = ()

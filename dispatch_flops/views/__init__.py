@@ -1,6 +1,6 @@
 """The views room: text, files and figures made from a Profile: the module table (``table``),
 CSV, the DataFrame and the Chrome trace (``export``), torch's and DeepSpeed's printouts
-(``torch_table``, ``deepspeed``), plots (``plot``). It reads ``results`` only. Importing it
+(``torch_table``, ``deepspeed_printout``), plots (``plot``). It reads ``results`` only. Importing it
 installs the presenter through which ``Profile.table()`` and the other output methods reach
 it (``results.present``)."""
 

@@ -1,6 +1,7 @@
 """Module facts for a counter's result (``results.profile.ModuleFacts``): the module names,
 types, parameter counts, forward calls and time spans, read from a ``ModuleTracker`` and its
-ledger when a result is made, never while counting.
+ledger when a result is made, never while counting; so are the facts about the model's
+modules that ``RunFacts`` keeps (attention calls, parameter groups).
 
 >>> calls = call_counts(tracker)
 >>> ModuleFacts(names=names(tracker), calls=calls, spans=spans(tracker, calls), ...)
