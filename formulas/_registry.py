@@ -259,10 +259,6 @@ def _check_formula(fn) -> None:
                         "out_shape (the contract: fn(*args, out_shape, **kwargs) -> Cost)")
 
 
-def _packet_of(op: OpLike) -> OpOverloadPacket:
-    return op.overloadpacket if isinstance(op, OpOverload) else op
-
-
 def _table_of(op) -> str:
     if isinstance(op, str):
         return "_named"

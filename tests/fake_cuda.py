@@ -159,9 +159,6 @@ class FakeCuda:
         """Event pairs queued in the timer's process-wide state."""
         return sum(len(s.pending) for s in _timing._STATE.streams.values())
 
-    def pooled(self) -> int:
-        return sum(len(p) for p in _timing._STATE.pools.values())
-
     def records_on(self, device: int) -> int:
         return sum(n for (d, _), n in self.recorded.items() if d == device)
 

@@ -33,8 +33,6 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
-FUSED, CAPACITY, LISTED = "fused", "capacity", "list"
-
 
 def _fused(module: nn.Module) -> Optional[int]:
     experts = getattr(module, "num_experts", None)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -343,7 +342,3 @@ def install(*mode_types) -> None:
         flex_attention_backward.py_impl(mode_type)(_backward_rule(flex_attention_backward))
         _INSTALLED.append(mode_type)
 
-
-def block_tensors(block_mask: tuple) -> list[Optional[Tensor]]:
-    """The tensors of a BlockMask tuple (None where absent)."""
-    return [x if isinstance(x, Tensor) else None for x in block_mask]

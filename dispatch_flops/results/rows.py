@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Optional
 from dispatch_flops.results.stats import COUNTS
 
 ROW = COUNTS + ("ns",)  # a row's counts: every Stats count, then measured ns
-CALLS_AT, NS_AT = 0, len(ROW) - 1  # where calls and ns sit in a row's counts
+NS_AT = len(ROW) - 1  # where ns sits in a row's counts
 # a row's counts: ints in ROW order (per_step's means may make some floats)
 Counts = tuple
 
