@@ -173,8 +173,7 @@ UNSUPPORTED_ENTRY = Entry(Category.UNSUPPORTED)
 class _Missing(str):
     """An op this torch does not have, as its qualified name (``"aten::_grouped_mm"``, and
     ``"aten::_grouped_mm.default"`` for an overload): registered like an op registered later,
-    it is never met, so the library imports on every torch the package supports (>= 2.8,
-    and older ones back to 2.4)."""
+    it is never met, so the library imports on every torch the package supports (>= 2.8)."""
 
     __slots__ = ()
 

@@ -31,5 +31,5 @@ def reduction_estimate(*args, out_shape, **kwargs) -> Cost:
 
 
 REGISTRY.estimate(torch.Tag.pointwise, pointwise_estimate)
-if hasattr(torch.Tag, "reduction"):  # torch < 2.6 has no reduction tag: no estimate by it
+if hasattr(torch.Tag, "reduction"):  # torch 2.8 has no reduction tag: no estimate by it
     REGISTRY.estimate(torch.Tag.reduction, reduction_estimate)

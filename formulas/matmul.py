@@ -59,7 +59,7 @@ def _sparse(layouts, i):
 
 # dtypes that pack several values into one element: their contraction dimension is that
 # many times the shape's (torch.float4_e2m1fn_x2: two fp4 values a byte)
-_PACKED = {getattr(torch, name): 2 for name in ("float4_e2m1fn_x2",) if hasattr(torch, name)}
+_PACKED = {torch.float4_e2m1fn_x2: 2}
 
 
 @register_formula([aten.mm, aten._int_mm, aten._scaled_mm, aten._sparse_mm, aten.smm,

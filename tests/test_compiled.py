@@ -17,7 +17,7 @@ from helpers import tiny_gpt, tiny_ids
 
 pytestmark = pytest.mark.slow  # compiles: seconds a test, dynamo's import first
 
-# torch >= 2.9: compiled code runs under the counter (counted through its graphs); older torch
+# torch >= 2.9: compiled code runs under the counter (counted through its graphs); torch 2.8
 # runs the counted step eagerly, and only test_stays_compiled_after_counting applies there
 runs_compiled = pytest.mark.skipif(not has_ignore_compile_internals(),
                                    reason="torch without ignore_compile_internals")

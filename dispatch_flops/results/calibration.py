@@ -125,10 +125,8 @@ def _matmuls(device: torch.device) -> dict[str, Callable[[int], tuple[Callable, 
               "float16": plain(torch.float16), "float64": plain(torch.float64)}
     if device.type == "cuda":
         makers["tf32"] = plain(torch.float32)
-    if hasattr(torch, "_int_mm"):
-        makers["int8"] = int8
-    if hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn"):
-        makers["float8_e4m3fn"] = fp8
+    makers["int8"] = int8
+    makers["float8_e4m3fn"] = fp8
     return makers
 
 

@@ -171,7 +171,7 @@ def mesh_sizes(model) -> Optional[tuple]:
     if mesh is None:
         return None
     fsdp = sys.modules.get("torch.distributed.fsdp")
-    sharded = fsdp is not None and hasattr(fsdp, "FSDPModule") and any(
+    sharded = fsdp is not None and any(
         isinstance(m, fsdp.FSDPModule) for m in model.modules())
     names = mesh.mesh_dim_names or (None,) * mesh.ndim
     dp = mp = 1
