@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 import weakref
 from types import FrameType
 from typing import Optional, Union
@@ -58,10 +59,10 @@ class FlopCounter(ProfileViews):
     Attention has two figures (docs/conventions.md, "Hardware and model flops"): ``flops``
     is what the kernels executed, ``model_flops`` (``Stats.model_flops``) leaves out the
     pairs a mask made useless (``is_causal``, an ``attn_mask``, a FlexAttention
-    ``BlockMask``). ``attention="dense"`` (default) takes a kernel with ``is_causal=True`` to
-    compute every (query, key) pair (the hardware figure); ``attention="causal"`` takes it
-    to skip the masked ones exactly (hardware = model: the old way to count causal pairs,
-    which ``model_flops`` now gives whatever the option).
+    ``BlockMask``). A kernel with ``is_causal=True`` is taken to compute every (query, key)
+    pair (the hardware figure). ``attention="causal"`` is deprecated (a ``FutureWarning``):
+    it takes such a kernel to skip the masked pairs exactly (hardware = model), the old way
+    to count causal pairs, which ``model_flops`` gives; read that instead.
     ``timing=True`` also measures latency: two CUDA events on the op's own device and stream
     around every CUDA op that launches a kernel (pooled, folded as they complete, the rest
     after one synchronize per device when results are first read), ``perf_counter_ns`` for
@@ -89,6 +90,11 @@ class FlopCounter(ProfileViews):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        if attention == "causal":
+            warnings.warn(
+                'FlopCounter(attention="causal") is deprecated: read model_flops (the '
+                "is_causal kernels' masked share is masked_flops) instead of the hardware "
+                "flops it lowers", FutureWarning, stacklevel=2)
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError(f"registry must be a dispatch_flops.formulas.Registry or None, got "
                             f"{type(registry).__name__}")
@@ -134,13 +140,12 @@ class FlopCounter(ProfileViews):
         relay = _relay_below(timer) if timer is not None else None
         if relay is not None and timer is not None:  # nested: time by the bottom mode's clock
             runner = Relayed(timer)
-        causal = self.attention == "causal"
         # a block a generator or coroutine owns is counted only while it runs (see
         # GuardedCountingMode); a context manager's body's block is its caller's (block_frame)
         guard = block_frame(_user_frame())
         mode = (GuardedCountingMode if guard is not None else CountingMode)(
-            self.registry, causal, runner)
-        ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, causal, timer)
+            self.registry, runner)
+        ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, timer)
         try:
             tracker = ModuleTracker(self.model, mode, timer, ledger, guard, self._every_module)
             mode.bind(tracker)
@@ -283,7 +288,8 @@ class FlopCounter(ProfileViews):
             graph_runs=graph_runs, in_graphs=in_graphs)
         counts = Captured(tracker.ledger, mode.resolved, self._timer is not None)
         return counts, facts, self._run_facts(
-            pricing_errors=counts.errors, dtensor_ops=mode.logical_ops(),
+            pricing_errors=counts.errors,
+            dtensor_ops=mode.logical_ops(self.attention == "causal"),
             attention_calls=_facts.attention_calls(tracker, mode.resolved),
             parameters=_facts.parameter_groups(tracker, mode.resolved),
             pipeline=tuple(map(tuple, mode.pipeline)),
@@ -293,7 +299,7 @@ class FlopCounter(ProfileViews):
         counts, facts, run = captured
         tracker, mode = self._tracker, self._mode
         assert tracker is not None and mode is not None  # entered: see to_profile
-        rows = counts.rows()
+        rows = counts.rows(self.attention == "causal")  # the deprecated option, applied here
         trace = None
         if is_tracing(self._timer) and not self._active:
             trace = trace_events(self._timer, tracker.ledger, mode.resolved, self.root_label)

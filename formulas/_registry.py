@@ -24,18 +24,23 @@ names them.
   depends on the dtype: complex-valued ops count real flops (a complex multiply is 6), and
   indexing tells a boolean mask from integer indices. Formulas that do not name it never
   pay for it.
-* ``causal_unmasked_only``: the counter's ``attention="causal"`` option (attention formulas).
 * ``layouts``: a list parallel to the positional ``args``: a ``SparseInfo`` (layout, stored
   values) for a sparse tensor, ``None`` for anything else. A formula that names it prices calls
   with sparse arguments (the shapes it sees stay the dense shapes); a call with a sparse
   argument whose formula does not name it is reported unsupported (its bytes, the values and
   indices stored, are counted).
-
 * ``int_values``: a list parallel to the positional ``args``: the values (a tuple) of a small
   1-D integer tensor argument on the CPU, ``None`` for anything else. For the few ops whose
   price is a function of such values (a varlen attention kernel's cumulative sequence
   lengths); the values join the call's signature. A tensor on an accelerator is not read
   (the host would wait for the device): the formula prices without it (a bound).
+* ``group_size``: the size of the process group a collective was called on (1 when it names
+  none).
+* ``group_rank``: this process's rank in that group (0 when it names none): what an uneven
+  all-to-all or a rooted collective sends depends on it.
+
+The engine keeps these keywords in one table (``engine.mode.KEYWORDS``): a new keyword is a
+row there and a bullet here.
 
 A formula returns a ``Cost`` of integers >= 0 (numpy integers are taken as ints). One that
 raises, or returns anything else, loses nothing else of the run: its calls are reported
@@ -55,9 +60,7 @@ Communication. A collective or point-to-point op (``c10d``, ``_c10d_functional``
 registered with ``Registry.collective``; its formula returns a ``Cost`` with ``comm_bytes``,
 what this rank puts on the wire (the ring convention in docs/conventions.md), its
 ``comm_alg_bytes``, the collective's size as NCCL-tests' algorithm bandwidth reads it, and 0
-flops. A formula that names the keyword ``group_size`` is given the size of the process group
-the call was made on, one that names ``group_rank`` this process's rank in that group (what
-an uneven all-to-all or a rooted collective sends depends on it).
+flops. It may name the keywords ``group_size`` and ``group_rank`` (above).
 
 An op falls in exactly one of five categories, kept apart everywhere:
 

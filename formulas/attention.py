@@ -10,8 +10,6 @@ grad_k = grad_s^T @ q.
 ``pairs`` is b * h_q * s_q * s_k: the kernels' hardware figure (dense). With ``is_causal``
 the pairs above torch's top-left-aligned causal diagonal are masked: their share is the
 ``Cost``'s ``masked_flops`` / ``masked_macs`` (model flops count only the unmasked pairs).
-``causal_unmasked_only`` (the counter's old ``attention="causal"``) prices the hardware figure
-as the unmasked pairs too (a kernel taken to skip the masked half exactly).
 Non-MAC flops per pair: the scale, the softmax and (backward) its gradient, from ELEMENT_COSTS;
 an additive mask/bias adds one flop per pair. A mask tensor's masked pairs are tensor values:
 the engine counts them (``engine.masks``), at the per-pair rate these formulas imply.
@@ -44,25 +42,24 @@ def pairs_cost(pairs: int, useful: int, macs_per_pair: int, flops_per_pair: int)
                 masked_macs=masked * macs_per_pair)
 
 
-def _pairs(q, k, causal: bool, dense: bool) -> tuple[int, int]:
-    """(pairs computed, pairs unmasked) of a call: ``causal`` is the call's is_causal;
-    ``dense`` says the kernel computes the masked pairs too (see the module's docstring)."""
+def _pairs(q, k, causal: bool) -> tuple[int, int]:
+    """(pairs computed, pairs unmasked) of a call: ``causal`` is the call's is_causal; the
+    kernels compute the masked pairs too (see the module's docstring)."""
     b, h, s_q = q[0], q[1], q[2]
     s_k = k[-2]
-    useful = attention_pairs(b, h, s_q, s_k, causal)
-    return (attention_pairs(b, h, s_q, s_k, False) if dense else useful), useful
+    return attention_pairs(b, h, s_q, s_k, False), attention_pairs(b, h, s_q, s_k, causal)
 
 
-def attention_forward_cost(q, k, v, *, causal: bool, masked: bool, dense: bool = True) -> Cost:
+def attention_forward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
     d, d_v = q[-1], v[-1]
-    pairs, useful = _pairs(q, k, causal, dense)
+    pairs, useful = _pairs(q, k, causal)
     per_pair = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"] + int(masked)
     return pairs_cost(pairs, useful, d + d_v, per_pair)
 
 
-def attention_backward_cost(q, k, v, *, causal: bool, masked: bool, dense: bool = True) -> Cost:
+def attention_backward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
     d, d_v = q[-1], v[-1]
-    pairs, useful = _pairs(q, k, causal, dense)
+    pairs, useful = _pairs(q, k, causal)
     per_pair = (
         ELEMENT_COSTS["attention_scale"]
         + ELEMENT_COSTS["softmax"]
@@ -116,54 +113,47 @@ def _summed(cost, layout, **kw) -> Cost:
 
 @register_formula([aten._scaled_dot_product_flash_attention_for_cpu])
 def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, out_shape, attn_mask=None,
-                   scale=None, causal_unmasked_only=False) -> Cost:
-    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                  masked=attn_mask is not None)
+                   scale=None) -> Cost:
+    return attention_forward_cost(q, k, v, causal=is_causal, masked=attn_mask is not None)
 
 
 @register_formula([aten._scaled_dot_product_flash_attention])
-def sdpa_flash(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape,
-               causal_unmasked_only=False, **kw) -> Cost:
+def sdpa_flash(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape, **kw) -> Cost:
     if not isinstance(is_causal, bool):  # .quantized: three descale tensors precede dropout_p
         is_causal = args[2] if len(args) > 2 else kw.get("is_causal", False)
-    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                  masked=False)
+    return attention_forward_cost(q, k, v, causal=is_causal, masked=False)
 
 
 @register_formula([aten._scaled_dot_product_efficient_attention,
                    aten._scaled_dot_product_cudnn_attention])
 def sdpa_with_bias(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
-                   *args, out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                  masked=attn_bias is not None)
+                   *args, out_shape, **kw) -> Cost:
+    return attention_forward_cost(q, k, v, causal=is_causal, masked=attn_bias is not None)
 
 
 @register_formula([aten._scaled_dot_product_fused_attention_overrideable,
                    aten.scaled_dot_product_attention, aten._scaled_dot_product_attention_math])
 def sdpa_generic(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args, out_shape,
-                 causal_unmasked_only=False, **kw) -> Cost:
+                 **kw) -> Cost:
     # the composite entry points reach the mode only under inference_mode
-    return attention_forward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                  masked=attn_mask is not None)
+    return attention_forward_cost(q, k, v, causal=is_causal, masked=attn_mask is not None)
 
 
 @register_formula(aten._flash_attention_forward)
 def flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                            *args, out_shape, causal_unmasked_only=False, int_values=None,
-                            **kw) -> Cost:
+                            *args, out_shape, int_values=None, **kw) -> Cost:
     layout = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, int_values, (3, 4))
-    return _summed(attention_forward_cost, layout, causal=is_causal,
-                   dense=not causal_unmasked_only, masked=False)
+    return _summed(attention_forward_cost, layout, causal=is_causal, masked=False)
 
 
 @register_formula(aten._efficient_attention_forward)
 def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, dropout_p, custom_mask_type, *args, out_shape,
-                                causal_unmasked_only=False, int_values=None, **kw) -> Cost:
+                                int_values=None, **kw) -> Cost:
     layout = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             int_values, (4, 5))
     return _summed(attention_forward_cost, layout, causal=custom_mask_type != 0,
-                   masked=bias is not None, dense=not causal_unmasked_only)
+                   masked=bias is not None)
 
 
 # ---- backward ------------------------------------------------------------------------------
@@ -171,59 +161,61 @@ def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_s
 
 @register_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
 def sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
-                            out_shape, attn_mask=None, scale=None,
-                            causal_unmasked_only=False) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                   masked=attn_mask is not None)
+                            out_shape, attn_mask=None, scale=None) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal, masked=attn_mask is not None)
 
 
 @register_formula(aten._scaled_dot_product_flash_attention_backward)
 def sdpa_flash_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
-                        dropout_p, is_causal, *args, out_shape, causal_unmasked_only=False,
-                        **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                   masked=False)
+                        dropout_p, is_causal, *args, out_shape, **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal, masked=False)
 
 
 @register_formula(aten._scaled_dot_product_efficient_attention_backward)
 def sdpa_efficient_backward(grad_out, q, k, v, attn_bias, out, logsumexp, philox_seed,
                             philox_offset, dropout_p, grad_input_mask, is_causal=False, *,
-                            out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                   masked=attn_bias is not None)
+                            out_shape, **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal, masked=attn_bias is not None)
 
 
 @register_formula(aten._scaled_dot_product_cudnn_attention_backward)
 def sdpa_cudnn_backward(grad_out, q, k, v, out, logsumexp, philox_seed, philox_offset,
                         attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *,
-                        out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                   masked=attn_bias is not None)
+                        out_shape, **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal, masked=attn_bias is not None)
 
 
 @register_formula(aten._scaled_dot_product_fused_attention_overrideable_backward)
 def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
                                cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *args,
-                               out_shape, causal_unmasked_only=False, **kw) -> Cost:
-    return attention_backward_cost(q, k, v, causal=is_causal, dense=not causal_unmasked_only,
-                                   masked=attn_bias is not None)
+                               out_shape, **kw) -> Cost:
+    return attention_backward_cost(q, k, v, causal=is_causal, masked=attn_bias is not None)
 
 
 @register_formula(aten._flash_attention_backward)
 def flash_attention_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
                              max_k, dropout_p, is_causal, *args, out_shape,
-                             causal_unmasked_only=False, int_values=None, **kw) -> Cost:
+                             int_values=None, **kw) -> Cost:
     layout = _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, int_values, (6, 7))
-    return _summed(attention_backward_cost, layout, causal=is_causal,
-                   dense=not causal_unmasked_only, masked=False)
+    return _summed(attention_backward_cost, layout, causal=is_causal, masked=False)
 
 
 @register_formula(aten._efficient_attention_backward)
 def efficient_attention_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k,
                                  max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed,
                                  philox_offset, custom_mask_type, *args, out_shape,
-                                 causal_unmasked_only=False, int_values=None, **kw) -> Cost:
+                                 int_values=None, **kw) -> Cost:
     layout = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             int_values, (6, 7))
     return _summed(attention_backward_cost, layout, causal=custom_mask_type != 0,
-                   masked=bias is not None, dense=not causal_unmasked_only)
+                   masked=bias is not None)
+
+
+# The formulas whose masked share is the causal diagonal alone (``is_causal``, a
+# ``custom_mask_type``: shapes, never a mask's values): what the counter's deprecated
+# ``attention="causal"`` takes their kernels to skip exactly (``engine.records``).
+CAUSAL_DIAGONAL_FORMULAS = frozenset((
+    sdpa_flash_cpu, sdpa_flash, sdpa_with_bias, sdpa_generic, flash_attention_forward,
+    efficient_attention_forward, sdpa_flash_cpu_backward, sdpa_flash_backward,
+    sdpa_efficient_backward, sdpa_cudnn_backward, sdpa_overrideable_backward,
+    flash_attention_backward, efficient_attention_backward))

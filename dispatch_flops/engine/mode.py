@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import ValuesView
 from functools import partial
 from types import FrameType
-from typing import Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -59,6 +59,7 @@ from dispatch_flops.formulas import (
     Registry,
     SparseInfo,
 )
+from dispatch_flops.formulas.attention import CAUSAL_DIAGONAL_FORMULAS
 from dispatch_flops.results.stats import PRICED
 
 # the hot path builds records as literals, [0, 0, signature], and indexes them with literals
@@ -220,23 +221,39 @@ def _leaf_tensors(args):
             yield a
 
 
-def formula_call(args, kwargs, out, resolved) -> tuple:
-    """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``);
-    ``dtypes`` and ``layouts`` (one per argument) join the kwargs of formulas that declare
-    them (every layout dense here: see ``_exotic_call`` for the others), ``group_size``
-    and ``group_rank`` those of collectives that do."""
+def formula_call(args, kwargs, out, resolved, layouts=None) -> tuple:
+    """``(args, out_shape, kwargs)`` for the formula contract (see ``formulas._registry``),
+    with the opt-in keywords the formula declares (``resolved.keywords``, rows of
+    ``KEYWORDS``); ``layouts``: each argument's ``SparseInfo`` or None (None: every one
+    dense, as on the hot path; see ``_exotic_call`` for the others)."""
     kw = {k: _shape(v) for k, v in kwargs.items()} if kwargs else {}
-    if resolved.with_dtypes:
-        kw["dtypes"] = [_dtype(a) for a in args]
-    if resolved.with_layouts:
-        kw["layouts"] = [None] * len(args)
-    if resolved.with_group_size:
-        kw["group_size"] = group_size(args, resolved.group_arg)
-    if resolved.with_group_rank:
-        kw["group_rank"] = group_rank(args, resolved.group_arg)
-    if resolved.with_int_values:
-        kw["int_values"] = [int_values(a) for a in args]
+    for keyword in resolved.keywords:
+        kw[keyword.name] = keyword.value(args, resolved, layouts)
     return [_shape(a) for a in args], _shape(out), kw
+
+
+class Keyword(NamedTuple):
+    """One opt-in keyword of the formula contract: a formula whose signature names ``name``
+    is given ``value(args, resolved, layouts)`` (the call's arguments, the op's resolution,
+    each argument's ``SparseInfo`` or None); ``signed``: the value joins the call's signature
+    (the price depends on what the shapes do not say). Worked out once per signature, never
+    per op."""
+
+    name: str
+    value: Callable[..., Any]
+    signed: bool = False
+
+
+# The formula contract's keywords, one row each (formulas._registry's docstring lists them):
+# a new keyword is a row here and a bullet there.
+KEYWORDS: tuple[Keyword, ...] = (
+    Keyword("dtypes", lambda args, resolved, layouts: [_dtype(a) for a in args]),
+    Keyword("layouts", lambda args, resolved, layouts: layouts or [None] * len(args)),
+    Keyword("group_size", lambda args, resolved, layouts: group_size(args, resolved.group_arg)),
+    Keyword("group_rank", lambda args, resolved, layouts: group_rank(args, resolved.group_arg)),
+    Keyword("int_values", lambda args, resolved, layouts: [int_values(a) for a in args],
+            signed=True),
+)
 
 
 # -- collectives: keyed and priced by the size of their process group and the rank in it -----
@@ -333,9 +350,13 @@ def int_values(v) -> Optional[tuple]:
         return None
 
 
-def _int_values_signature(sig: list, resolved, args, out) -> list:
-    """A signature with the values the formula reads (``int_values``), and the output."""
-    sig.append(tuple(int_values(a) for a in args))
+def _keyword_signature(sig: list, resolved, args, out) -> list:
+    """A signature with the values of the signed keywords the formula takes (``int_values``),
+    and the output."""
+    for keyword in resolved.keywords:
+        if keyword.signed:
+            value = keyword.value(args, resolved, None)
+            sig.append(tuple(value) if value.__class__ is list else value)
     sig.append(_key(out))
     return sig
 
@@ -505,16 +526,9 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
     call = None
     if resolved.kind == FORMULA:
         formula_kw = {k: p[1] for k, p in kw.items()}
-        if resolved.with_dtypes:
-            formula_kw["dtypes"] = [_dtype(x) for x in args]
-        if resolved.with_layouts:
-            formula_kw["layouts"] = [p[3] for p in a]
-        if resolved.with_group_size:
-            formula_kw["group_size"] = group_size(args, resolved.group_arg)
-        if resolved.with_group_rank:
-            formula_kw["group_rank"] = group_rank(args, resolved.group_arg)
-        if resolved.with_int_values:
-            formula_kw["int_values"] = [int_values(x) for x in args]
+        sparse = [p[3] for p in a]
+        for keyword in resolved.keywords:
+            formula_kw[keyword.name] = keyword.value(args, resolved, sparse)
         call = ([p[1] for p in a], o[1], formula_kw)
         try:  # nested tensors: one formula call per sequence (see engine.nested)
             call = per_sequence(*call) or call
@@ -524,7 +538,7 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
     return sig, Signature(call, read, written, resolved.dtype or compute_dtype(args))
 
 
-# The signatures every counter shares (per registry version and attention option) are the
+# The signatures every counter shares (per registry version) are the
 # last SIGNATURES_KEPT a counter made a record of, the least recently used out first: a process
 # that meets a new shape every step (sequence lengths that vary) keeps at most a few MB of them
 # (1 to 1.5 KB each), not one per shape for ever. A transformer's training step makes 100 to
@@ -554,14 +568,12 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 
 
 class _Resolved:
-    __slots__ = ("func", "run", "category", "kind", "view", "formula", "with_dtypes",
+    __slots__ = ("func", "run", "category", "kind", "view", "formula", "keywords",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "with_group_size", "group_arg", "with_group_rank", "tally", "dtype",
-                 "with_int_values")
+                 "signed", "group_arg", "tally", "dtype")
 
-    def __init__(self, func, category, kind, formula, with_dtypes, write_only,
-                 out_in_signature, with_layouts=False, with_group_size=False,
-                 with_group_rank=False):
+    def __init__(self, func, category, kind, formula, keywords, write_only,
+                 out_in_signature):
         self.func = func
         # what runs the op: the overload's C++ entry when calling the overload would only
         # forward to it (``OpOverload.__call__`` is one Python frame around ``_op``)
@@ -570,8 +582,9 @@ class _Resolved:
         self.kind = kind
         self.view = kind == VIEW
         self.formula = formula
-        self.with_dtypes = with_dtypes  # the formula declares ``dtypes``
-        self.with_layouts = with_layouts  # the formula declares ``layouts`` (prices sparse)
+        self.keywords = keywords  # the rows of KEYWORDS the formula declares
+        # the formula declares ``layouts``: it prices calls with sparse arguments
+        self.with_layouts = any(keyword.name == "layouts" for keyword in keywords)
         self.write_only = write_only
         # positions of the arguments an op that returns nothing writes (``_foreach_add_``,
         # ``_fused_adamw_``): what it writes is what it mutates
@@ -582,8 +595,6 @@ class _Resolved:
         # the output's shape is not a function of the inputs' (nonzero, masked_select), or
         # the op is the user's and we cannot know: then it is part of the signature. A
         # collective takes this path too, to key its process group (``signed``)
-        self.with_group_size = with_group_size  # the formula declares ``group_size``
-        self.with_group_rank = with_group_rank  # the formula declares ``group_rank``
         self.group_arg = next((i for i, a in enumerate(func._schema.arguments)
                                if a.name in ("process_group", "group_name")), None)
         communicates = category is Category.COMMUNICATION
@@ -596,11 +607,10 @@ class _Resolved:
         # call's record (``engine.masks``); None for every op that takes no mask
         self.tally = tally_of(func)
         self.dtype: Optional[str] = None  # the registry's, where it names the compute dtype
-        self.with_int_values = False  # the formula declares ``int_values``: see ``signed``
 
     def unpriced(self) -> "_Resolved":
         """The same op, for calls no formula can price: unsupported (bytes counted)."""
-        return _Resolved(self.func, Category.UNSUPPORTED, UNKNOWN, None, False,
+        return _Resolved(self.func, Category.UNSUPPORTED, UNKNOWN, None, (),
                          self.write_only, self.out_in_signature)
 
     def price(self, call) -> Cost:
@@ -650,19 +660,18 @@ class CountingMode(TorchDispatchMode):
         # (pytorch#190286); compiled graphs count through _compiled.Graph
         return True
 
-    def __init__(self, registry: Registry, causal_unmasked_only: bool, runner=None):
+    def __init__(self, registry: Registry, runner=None):
         super().__init__()
         # runs each op when not None: a _timing.Timer (timing on) or a _meta.MetaRunner; its
         # add(record, NS, token) counts the call
         self.runner = runner
         self.registry = registry
-        self.causal_unmasked_only = causal_unmasked_only
         # resolutions and worked-out signatures, shared by every counter on the same registry
-        # version and options (the engine's cache: a registration starts a new one)
+        # version (the engine's cache: a registration starts a new one)
         cache = engine_cache(registry)
-        self.resolved = cache.resolutions.setdefault(causal_unmasked_only, {})
-        self._shared = cache.signatures.setdefault(causal_unmasked_only, OrderedDict())
-        self._shared_logical = cache.logical.setdefault(causal_unmasked_only, OrderedDict())
+        self.resolved = cache.resolutions
+        self._shared = cache.signatures
+        self._shared_logical = cache.logical
         self.forward_acc: dict = {}
         self.recomputing = False
         self.stepping = False  # the tracker's innermost optimizer step counts (see _recheck)
@@ -780,16 +789,11 @@ class CountingMode(TorchDispatchMode):
     def _resolve(self, func) -> _Resolved:
         entry = self.registry.lookup(func)
         formula = entry.formula
-        with_dtypes = with_layouts = with_group_size = with_group_rank = False
+        keywords: tuple[Keyword, ...] = ()
         if formula is not None:  # a formula, an estimate, or a no-arithmetic op's bytes
             kind = FORMULA
             parameters = inspect.signature(formula).parameters
-            if "causal_unmasked_only" in parameters:
-                formula = partial(formula, causal_unmasked_only=self.causal_unmasked_only)
-            with_dtypes = "dtypes" in parameters
-            with_layouts = "layouts" in parameters
-            with_group_size = "group_size" in parameters
-            with_group_rank = "group_rank" in parameters
+            keywords = tuple(keyword for keyword in KEYWORDS if keyword.name in parameters)
         elif entry.category is Category.NO_ARITHMETIC:
             kind = _MOVEMENT_KIND[entry.movement]
         else:
@@ -802,13 +806,13 @@ class CountingMode(TorchDispatchMode):
         out_in_signature = (
             torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten"
         )
-        resolved = _Resolved(func, entry.category, kind, formula, with_dtypes, write_only,
-                             out_in_signature, with_layouts, with_group_size, with_group_rank)
+        resolved = _Resolved(func, entry.category, kind, formula, keywords, write_only,
+                             out_in_signature)
         resolved.dtype = entry.dtype
-        if formula is not None and "int_values" in parameters:
-            # the values join the signature (a call's price depends on them)
-            resolved.with_int_values = resolved.out_in_signature = True
-            resolved.signed = _int_values_signature
+        if any(keyword.signed for keyword in keywords):
+            # their values join the signature (a call's price depends on them)
+            resolved.out_in_signature = True
+            resolved.signed = _keyword_signature
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.EXACT, FORMULA
             resolved.decompose = partial(self._decomposed, func)
@@ -832,7 +836,7 @@ class CountingMode(TorchDispatchMode):
                 return fake.from_tensor(v)
             return [to_fake(x) for x in v] if v.__class__ in (list, tuple) else v
 
-        inner = CountingMode(self.registry, self.causal_unmasked_only)
+        inner = CountingMode(self.registry)
         inner.forward_acc, inner._book, inner.recomputing = {}, [], False
         try:
             # every other mode off: this pricing run's ops are not the user's (a counter below
@@ -845,16 +849,17 @@ class CountingMode(TorchDispatchMode):
                     # Python decomposition registered for tracing, which may differ)
                     func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
                                 **fake_kwargs)
-            flops = macs = 0
+            totals = dict.fromkeys(("flops", "macs", "masked_flops", "masked_macs"), 0)
             for key, rec in inner.forward_acc.items():
                 if rec[SIGNATURE] is not None:
                     op = key if key.__class__ is int else key[0]
                     unit = dict(zip(PRICED, rec[SIGNATURE].unit(inner.resolved[op])))
-                    flops += rec[CALLS] * unit["flops"]
-                    macs += rec[CALLS] * unit["macs"]
+                    for name in totals:
+                        totals[name] += rec[CALLS] * unit[name]
         except Exception:  # data-dependent, or a kernel meta cannot run: the formula prices
             return
-        signature.set_cost(flops, macs)
+        # the masked share too (an is_causal SDPA's): model flops as the kernel's own call has
+        signature.set_cost(**totals)
 
     def _exotic_record(self, key: int, resolved: _Resolved, acc: dict, args, kwargs, out):
         """The record of a call the hot path cannot key (see ``_exotic_call``); a call no
@@ -1007,12 +1012,14 @@ class CountingMode(TorchDispatchMode):
                 self._dtensor_call = _call_site(frame)
                 self._dtensor_numel = rec[5]
 
-    def logical_ops(self) -> tuple:
+    def logical_ops(self, skipping_causal: bool = False) -> tuple:
         """``((overload, shapes, calls, flops, macs), ...)`` of the DTensor-level calls (at
         their global shapes) and of the plain-tensor ops run outside them (at their shapes,
         flops and MACs times their shard factor); flops and MACs 0 where they could not be
-        priced."""
+        priced. ``skipping_causal``: the deprecated ``attention="causal"`` (see
+        ``records.Layout.units_skipping_causal``)."""
         flops_i, macs_i = PRICED.index("flops"), PRICED.index("macs")
+        masked_i = PRICED.index("masked_flops"), PRICED.index("masked_macs")
         out: dict = {}
         for calls, signature, resolved, shapes, factor, _ in self.logical.values():
             flops = macs = 0
@@ -1020,6 +1027,9 @@ class CountingMode(TorchDispatchMode):
                 try:
                     unit = signature.unit(resolved)
                     flops, macs = unit[flops_i] * calls, unit[macs_i] * calls
+                    if skipping_causal and resolved.formula in CAUSAL_DIAGONAL_FORMULAS:
+                        flops -= unit[masked_i[0]] * calls
+                        macs -= unit[masked_i[1]] * calls
                 except PricingError:
                     pass
             if factor is not None and factor != 1:

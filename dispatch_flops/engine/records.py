@@ -22,12 +22,14 @@ from __future__ import annotations
 import operator
 import warnings
 import weakref
+from collections import OrderedDict
 from operator import itemgetter
 from typing import Optional, Union
 
 from dispatch_flops.engine.masks import read_all
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
+from dispatch_flops.formulas.attention import CAUSAL_DIAGONAL_FORMULAS
 from dispatch_flops.formulas.costs import CostTable
 from dispatch_flops.results import validate
 from dispatch_flops.results.rows import ROW, RowKey
@@ -35,7 +37,8 @@ from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
 CALLS, NS, SIGNATURE = range(3)
 TALLY = 3  # the masked pairs of an op that reads a mask (engine.masks.Tally), when present
-_FLOPS = PRICED.index("flops")
+_FLOPS, _MACS = PRICED.index("flops"), PRICED.index("macs")
+_MASKED_FLOPS, _MASKED_MACS = PRICED.index("masked_flops"), PRICED.index("masked_macs")
 # where a tally's figures go in a row's counts (ROW: calls, then PRICED, then ns)
 _ROW_FLOPS, _ROW_MACS = ROW.index("flops"), ROW.index("macs")
 _ROW_MASKED_FLOPS, _ROW_MASKED_MACS = ROW.index("masked_flops"), ROW.index("masked_macs")
@@ -71,10 +74,13 @@ class Signature:
         # until first read
         self._unit: Union[tuple, PricingError, None] = None
 
-    def set_cost(self, flops: int, macs: int) -> None:
-        """Price the call now, with these flops and MACs (a composite's decomposition)."""
-        self._unit = unit_of(Cost(flops, macs), self.bytes_read, self.bytes_written,
-                             "a composite's decomposition")
+    def set_cost(self, flops: int, macs: int, masked_flops: int = 0,
+                 masked_macs: int = 0) -> None:
+        """Price the call now, with these flops and MACs, the masked share of them given
+        (a composite's decomposition)."""
+        self._unit = unit_of(Cost(flops, macs, masked_flops=masked_flops,
+                                  masked_macs=masked_macs),
+                             self.bytes_read, self.bytes_written, "a composite's decomposition")
 
     def unit(self, resolved) -> tuple:
         """What one call counts, in ``PRICED`` order (``resolved``: the op's resolution);
@@ -160,7 +166,7 @@ def unit_of(cost, bytes_read: int, bytes_written: int, where: str) -> tuple:
 
 class EngineCache:
     """What the engine derives from one registry at one version: op resolutions and worked-out
-    signatures (per attention option), and each model's ledger. The formula library holds
+    signatures, and each model's ledger. The formula library holds
     none of it; a registration (or a change to ``ELEMENT_COSTS``, which formulas read) bumps
     a version, and the next counter starts a new cache."""
 
@@ -168,12 +174,12 @@ class EngineCache:
 
     def __init__(self, version: tuple):
         self.version = version
-        self.resolutions: dict = {}  # option -> {id(overload): resolution}
-        # option -> {signature key: Signature}, the last mode.SIGNATURES_KEPT met (an LRU)
-        self.signatures: dict = {}
-        self.ledgers: dict = {}  # (id(model), option) -> (weakref to model, Ledger)
-        # option -> {logical call key: (Signature or None, output elements)}, an LRU too
-        self.logical: dict = {}
+        self.resolutions: dict = {}  # {id(overload): resolution}
+        # {signature key: Signature}, the last mode.SIGNATURES_KEPT met (an LRU)
+        self.signatures: OrderedDict = OrderedDict()
+        self.ledgers: dict = {}  # id(model) -> (weakref to model, Ledger)
+        # {logical call key: (Signature or None, output elements)}, an LRU too
+        self.logical: OrderedDict = OrderedDict()
 
 
 _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -198,7 +204,7 @@ class Layout:
     a layout stays valid for its ledger until the ledger grows. Made when a counter ends (or
     is read): the signatures met for the first time are priced then."""
 
-    __slots__ = ("n", "keys", "row_of", "units", "errors", "memo")
+    __slots__ = ("n", "keys", "row_of", "units", "errors", "memo", "causal", "_units_skipping")
 
     def __init__(self, ledger, resolutions: dict):
         records = ledger.records
@@ -212,6 +218,10 @@ class Layout:
         self.units: list[tuple] = [zero] * self.n  # PRICED per call of each record
         self.errors: list[str] = []  # formulas that failed (their calls: unsupported)
         self.memo: Optional[tuple] = None  # (counts, rows) of the last rows made
+        # the records priced by a formula whose masked share is the causal diagonal alone
+        # (``units_skipping_causal``)
+        self.causal: list[int] = []
+        self._units_skipping: Optional[list] = None
         for frame in ledger.frames:
             for phase, acc in zip(PHASES, frame.acc):
                 for key, rec in acc.items():
@@ -233,6 +243,9 @@ class Layout:
                             category = UNSUPPORTED
                         if self.units[i][_FLOPS]:
                             dtype = signature.dtype
+                        # (a flex call's resolution, engine.flex's, has no formula)
+                        if getattr(resolved, "formula", None) in CAUSAL_DIAGONAL_FORMULAS:
+                            self.causal.append(i)
                     row_key = (frame.stack, phase, op, category, dtype)
                     row = rows.get(row_key)
                     if row is None:
@@ -242,6 +255,21 @@ class Layout:
                                                 str(func.overloadpacket), str(func),
                                                 str(category), dtype))
                     self.row_of[i] = row
+
+    def units_skipping_causal(self) -> list:
+        """``units``, with the kernels of the ``causal`` records taken to skip their masked
+        pairs exactly: the deprecated ``attention="causal"`` (their masked share leaves the
+        hardware figure; model flops stay)."""
+        if self._units_skipping is None:
+            units = list(self.units)
+            for i in self.causal:
+                unit = list(units[i])
+                for work, masked in ((_FLOPS, _MASKED_FLOPS), (_MACS, _MASKED_MACS)):
+                    unit[work] -= unit[masked]
+                    unit[masked] = 0
+                units[i] = tuple(unit)
+            self._units_skipping = units
+        return self._units_skipping
 
     def _failed(self, error: str) -> None:
         if error not in self.errors:
@@ -284,16 +312,17 @@ class Captured:
         """The pricing errors of the formulas this capture's records met."""
         return tuple(self.layout.errors)
 
-    def rows(self) -> tuple:
+    def rows(self, skipping_causal: bool = False) -> tuple:
         """``((key, counts), ...)``: ``key`` is ``(stack, phase, operator, overload,
         category, dtype)``, ``counts`` in ``ROW`` order; in the order the frames and ops were first
         met; rows that counted nothing are left out. Counts equal to the layout's last rows'
-        give those rows again (the same tuple)."""
+        give those rows again (the same tuple). ``skipping_causal``: the deprecated
+        ``attention="causal"`` (``Layout.units_skipping_causal``)."""
         layout, calls, ns = self.layout, self.calls, self.ns
-        memo = (calls, ns, {i: t[:2] for i, t in self.tallies.items()})
+        memo = (calls, ns, {i: t[:2] for i, t in self.tallies.items()}, skipping_causal)
         if layout.memo is not None and layout.memo[0] == memo:
             return layout.memo[1]
-        units = layout.units
+        units = layout.units_skipping_causal() if skipping_causal else layout.units
         width = len(ROW)
         totals: list[Optional[list]] = [None] * len(layout.keys)
         for i, n in enumerate(calls):

@@ -318,23 +318,23 @@ class Ledger:
             frame.span[0] = 0
 
 
-def ledger_for(ledgers: dict, model: Optional[nn.Module], options, timer) -> Optional[Ledger]:
+def ledger_for(ledgers: dict, model: Optional[nn.Module], timer) -> Optional[Ledger]:
     """The sharing policy: a counter counts into its model's ledger (``shared_ledger``) unless
     it has no model (nothing to keep the ledger with) or times land in its records after the
     block (a CudaTimer's events resolved later, or a trace pointing at the records); None means a
     private ledger."""
     if model is None or not (timer is None or type(timer) is Timer):
         return None
-    return shared_ledger(ledgers, model, options)
+    return shared_ledger(ledgers, model)
 
 
-def shared_ledger(ledgers: dict, model: nn.Module, options) -> Optional[Ledger]:
-    """The ledger of ``model`` under ``options``, kept in ``ledgers`` (the engine's cache for
+def shared_ledger(ledgers: dict, model: nn.Module) -> Optional[Ledger]:
+    """The ledger of ``model``, kept in ``ledgers`` (the engine's cache for
     the registry's version: a registry change starts new ledgers) while the model lives; a new
     one when it is too large (shapes that keep changing); None when it is counting already (a
     nested counter keeps a ledger of its own)."""
     with LEDGERS_LOCK:  # two threads entering counters on one model get a ledger each
-        key = (id(model), options)
+        key = id(model)
         found = ledgers.get(key)
         if found is not None and found[0]() is model:
             ledger = found[1]
