@@ -17,7 +17,6 @@ from typing import Optional, Union
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from dispatch_flops.engine import compiled as _compiled
 from dispatch_flops.engine import expert_load as _experts
@@ -28,6 +27,9 @@ from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_m
 from dispatch_flops.engine.records import Captured, engine_cache
 from dispatch_flops.engine.saved import SavedActivations
 from dispatch_flops.engine.timing import Relay, Relayed, Timer, cuda_index
+from dispatch_flops.engine.torch_private import (
+    get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
+)
 from dispatch_flops.engine.trace import is_tracing, new_timer, trace_events
 from dispatch_flops.engine.tracker import (
     LEDGERS_LOCK,

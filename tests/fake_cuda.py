@@ -150,6 +150,7 @@ class FakeCuda:
         monkeypatch.setattr(cuda, "_lazy_init", lambda: None)
         monkeypatch.setattr(torch._C, "_cuda_getCurrentStream", self.get_current_stream,
                             raising=False)
+        monkeypatch.setattr(_timing, "_cuda_current_stream", self.get_current_stream)
         monkeypatch.setattr(_timing, "cuda_index", self.cuda_index)
         monkeypatch.setattr(_timing, "_STATE", _timing._CudaState())  # pools and queues
         return self

@@ -22,15 +22,15 @@ from typing import Optional
 
 import torch
 import torch.utils.flop_counter as torch_flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops.counter import FlopCounter
+from dispatch_flops.engine.torch_private import TorchDispatchMode
+from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
 from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ
 from dispatch_flops.results.stats import ROOT
 from dispatch_flops.results.torch_figures import TORCH_GLOBAL, torch_flop_counts
 from dispatch_flops.views.torch_table import torch_table
 
-_current_node = torch._C._current_autograd_node
 _COMPOSITE = "CompositeImplicitAutograd"
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from torch import Tensor, nn
-from torch.utils._pytree import tree_leaves
+
+from dispatch_flops.engine.torch_private import tree_leaves
 
 
 @dataclass(frozen=True)

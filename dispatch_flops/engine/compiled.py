@@ -59,18 +59,20 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _mode_stack
 
 from dispatch_flops.engine import flex
 from dispatch_flops.engine import module_facts as facts
 from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.engine.torch_private import TorchDispatchMode, lookup
+from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack as _mode_stack
+from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
+from dispatch_flops.engine.torch_private import pop_mode as _pop_mode
+from dispatch_flops.engine.torch_private import push_mode as _push_mode
 from dispatch_flops.engine.tracker import Frame, ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT
 
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
-_sequence_nr = torch.autograd._get_sequence_nr
 
 # (mode, tracker) of every counter counting now; graphs look here on every run
 ACTIVE: list = []
@@ -78,7 +80,6 @@ _LOCK = threading.RLock()  # _wrap_compiler may run inside enter's import of dyn
 
 
 def has_ignore_compile_internals() -> bool:
-    from torch.utils._python_dispatch import TorchDispatchMode
     return hasattr(TorchDispatchMode, "ignore_compile_internals")
 
 
@@ -228,8 +229,10 @@ class Graph:
         """Run the graph on fake copies of ``args`` under ``mode`` alone, each node in the
         frame of its module stack, then its backward: the records it counted into, and how
         many calls (taken out again)."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.utils._python_dispatch import _disable_current_modes
+        from dispatch_flops.engine.torch_private import FakeTensorMode
+        from dispatch_flops.engine.torch_private import (
+            disable_current_modes as _disable_current_modes,
+        )
 
         ledger = tracker.ledger
         records = ledger.records
@@ -658,11 +661,13 @@ def _wrap_compiler() -> None:
     with _LOCK:
         if _INSTALLED:
             return
-        try:
-            from torch._dynamo.output_graph import OutputGraph
-        except ImportError:  # no dynamo: nothing is compiled
+        if _DYNAMO not in sys.modules:  # no dynamo: nothing is compiled
             return
-        original = OutputGraph.call_user_compiler
+        # a torch that renamed it: one warning, graphs then run as compiled code, uncounted
+        original = lookup("torch._dynamo.output_graph.OutputGraph.call_user_compiler")
+        if original is None:
+            return
+        from torch._dynamo.output_graph import OutputGraph
 
         def call_user_compiler(self, gm, *args, **kwargs):
             compiled = original(self, gm, *args, **kwargs)
@@ -698,17 +703,16 @@ def _watch_skips() -> None:
     counter counts, and ``_restore_skipped`` gives them back the default when the last
     counter leaves; their compiled code, never dropped, runs again. Older torch has no
     per-code strategy to set back: nothing is watched there."""
-    try:
-        from torch._C._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo import convert_frame
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-        from torch.utils._python_dispatch import is_in_torch_dispatch_mode
-    except ImportError:
+    found = [lookup(name) for name in (
+        "torch._C._dynamo.eval_frame.set_code_exec_strategy",
+        "torch._dynamo.types.FrameAction", "torch._dynamo.types.FrameExecStrategy",
+        "torch.utils._python_dispatch.is_in_torch_dispatch_mode",
+        "torch._dynamo.convert_frame.CatchErrorsWrapper.__call__")]
+    if any(f is None for f in found):  # renamed (warned) or torch >= 2.9: not needed
         return
-    wrapper = getattr(convert_frame, "CatchErrorsWrapper", None)
-    if wrapper is None:
-        return
-    original = wrapper.__call__
+    set_code_exec_strategy, FrameAction, FrameExecStrategy, is_in_torch_dispatch_mode, \
+        original = found
+    from torch._dynamo.convert_frame import CatchErrorsWrapper as wrapper
 
     def __call__(self, frame, *args, **kwargs):
         result = original(self, frame, *args, **kwargs)
@@ -718,7 +722,7 @@ def _watch_skips() -> None:
         return result
 
     vars(__call__)["__wrapped__"] = original  # not a typed function attribute
-    wrapper.__call__ = __call__
+    wrapper.__call__ = __call__  # type: ignore[method-assign]
     _RESTORE.append((set_code_exec_strategy,
                      FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)))
 
@@ -734,13 +738,13 @@ def _restore_skipped() -> None:
 
 
 # -- while a counter counts ---------------------------------------------------------------
+_HOOK_DICTS = tuple("torch.nn.modules.module._global_forward" + name for name in (
+    "_pre_hooks", "_hooks", "_hooks_always_called")) + tuple(
+    "torch.optim.optimizer._global_optimizer" + name for name in ("_pre_hooks", "_post_hooks"))
+
+
 def _hook_dicts():
-    from torch.nn.modules import module as m
-    from torch.optim import optimizer as o
-    names = [(m, "_global_forward_pre_hooks"), (m, "_global_forward_hooks"),
-             (m, "_global_forward_hooks_always_called"),
-             (o, "_global_optimizer_pre_hooks"), (o, "_global_optimizer_post_hooks")]
-    return [getattr(mod, name) for mod, name in names if hasattr(mod, name)]
+    return [d for d in map(lookup, _HOOK_DICTS) if d is not None]
 
 
 _HIDDEN: list = []  # (dict, key, value) taken out for a compile
@@ -768,8 +772,9 @@ def _show_hooks(*_) -> None:
 def _callbacks():
     """dynamo's compile callbacks, where dynamo is imported (a counter does not import it:
     ``_wrap_compiler`` registers them if it is imported while a counter counts)."""
-    module = sys.modules.get("torch._dynamo.callback")
-    return getattr(module, "callback_handler", None)
+    if "torch._dynamo.callback" not in sys.modules:
+        return None
+    return lookup("torch._dynamo.callback.callback_handler")
 
 
 def _register_callbacks() -> None:

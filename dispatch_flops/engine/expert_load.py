@@ -31,7 +31,8 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _disable_current_modes
+
+from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 
 
 def _fused(module: nn.Module) -> Optional[int]:

@@ -31,10 +31,11 @@ import weakref
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import _disable_current_modes
 
 from dispatch_flops.engine.masks import TALLY, Tally, _has_values, rates
 from dispatch_flops.engine.records import CALLS, Signature
+from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
+from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.formulas import Category, Cost
 from dispatch_flops.formulas.attention import attention_backward_cost, attention_forward_cost
 
@@ -256,9 +257,12 @@ def _mask_mod_pairs(mask_mod, buffers: tuple, block_mask: tuple, b: int, h: int,
                     s_k: int, device, blocks: bool):
     """Pairs ``mask_mod`` lets through, over every pair or (``blocks``) over the partial
     blocks, plus every pair of the full blocks. Evaluated a chunk of query rows at a time."""
-    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
-    from torch.nn.attention.flex_attention import _vmap_for_bhqkv
-
+    _vmap_for_bhqkv = lookup("torch.nn.attention.flex_attention._vmap_for_bhqkv")
+    TransformGetItemToIndex = lookup(
+        "torch._dynamo._trace_wrapped_higher_order_op.TransformGetItemToIndex")
+    if _vmap_for_bhqkv is None or TransformGetItemToIndex is None:  # renamed (warned)
+        return _block_pairs(block_mask, b, h, s_q, s_k, device, full_only=False) if blocks \
+            else b * h * s_q * s_k
     vmapped = _vmap_for_bhqkv(mask_mod, prefix=(), suffix=(None,) * len(buffers))
     partial = _block_grid(block_mask, b, h, False) if blocks else None
     full = _block_grid(block_mask, b, h, True) if blocks else None
@@ -328,12 +332,10 @@ _INSTALLED: list = []
 
 def install(*mode_types) -> None:
     """Register the flex rules on ``mode_types`` (once each)."""
-    try:
-        from torch._higher_order_ops.flex_attention import (
-            flex_attention,
-            flex_attention_backward,
-        )
-    except ImportError:  # a torch without FlexAttention
+    flex_attention = lookup("torch._higher_order_ops.flex_attention.flex_attention")
+    flex_attention_backward = lookup(
+        "torch._higher_order_ops.flex_attention.flex_attention_backward")
+    if flex_attention is None or flex_attention_backward is None:  # renamed (warned)
         return
     for mode_type in mode_types:
         if mode_type in _INSTALLED:

@@ -22,8 +22,8 @@ from typing import Callable, Optional
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import _disable_current_modes
 
+from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.formulas import ELEMENT_COSTS
 
 TALLY = 3  # a record's fourth slot, present on the records of ops that read masks

@@ -18,14 +18,6 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
-from torch.nested._internal.nested_tensor import NestedTensor as _Jagged
-from torch.utils._python_dispatch import (
-    TorchDispatchMode,
-    _disable_current_modes,
-    _get_current_dispatch_mode_stack,
-    _pop_mode,
-    _push_mode,
-)
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dispatch_flops.engine import flex as _flex
@@ -45,11 +37,18 @@ from dispatch_flops.engine.records import (
     engine_cache,
 )
 from dispatch_flops.engine.skip import SKIP_FRAMES as _SKIP_FRAMES
+from dispatch_flops.engine.torch_private import NestedTensor as _Jagged
+from dispatch_flops.engine.torch_private import TorchDispatchMode
+from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
+from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
+from dispatch_flops.engine.torch_private import (
+    get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
+)
+from dispatch_flops.engine.torch_private import pop_mode as _pop_mode
+from dispatch_flops.engine.torch_private import push_mode as _push_mode
+from dispatch_flops.engine.torch_private import top_saved_tensors_hooks as _top_saved_tensors_hooks
 from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from dispatch_flops.engine.tracker import RECOMPUTE_I, ModuleTracker, phase_of
-from dispatch_flops.engine.tracker import (
-    top_saved_tensors_hooks as _top_saved_tensors_hooks,
-)
 from dispatch_flops.formulas import (
     ZERO_COST,
     Category,
@@ -68,7 +67,6 @@ assert (CALLS, NS, SIGNATURE) == (0, 1, 2)
 _BACKWARD_I = phase_of(node=True, recompute=False, optimizer=False)
 _REENTRANT_I = phase_of(node=True, recompute=True, optimizer=False)
 
-_current_node = torch._C._current_autograd_node
 # how torch.utils.checkpoint shows it is re-running forward inside backward: non-reentrant,
 # under its recomputation saved-tensors hook; reentrant, inside its autograd Function's node
 _RECOMPUTATION_HOOK = "_recomputation_hook.__init__.<locals>.pack_hook"
@@ -262,7 +260,9 @@ def _process_group(v):
     box (c10d ops), or its name (functional collectives)."""
     from torch.distributed import ProcessGroup
     if isinstance(v, str):
-        from torch.distributed.distributed_c10d import _resolve_process_group
+        from dispatch_flops.engine.torch_private import (
+            resolve_process_group as _resolve_process_group,
+        )
 
         # private API: its stub asks for torch's GroupName, a NewType of the str we have
         return _resolve_process_group(v)  # type: ignore[arg-type]
@@ -826,7 +826,7 @@ class CountingMode(TorchDispatchMode):
         run it. Its bytes stay the composite's
         own (inputs read, outputs written: what a fused kernel would move). A decomposition
         that fails leaves the call priced by the op's formula, or unsupported."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from dispatch_flops.engine.torch_private import FakeTensorMode
 
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         fake.cache_enabled = False  # torch's cache is process-wide: an entry per shape, kept
@@ -968,7 +968,7 @@ class CountingMode(TorchDispatchMode):
         plain-tensor op at its shapes times ``factor``: worked out once per distinct call
         (shapes, dtypes and other arguments) in the process, on meta tensors, and priced when
         read (``logical_ops``)."""
-        from torch.utils._pytree import tree_map_only
+        from dispatch_flops.engine.torch_private import tree_map_only
         kwargs = kwargs or {}
         call = (id(func), _logical_key(args), _logical_key(kwargs.items()) if kwargs else ())
         key = (factor,) + call

@@ -26,7 +26,8 @@ from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
-from torch.nested._internal.nested_tensor import NestedTensor as Jagged
+
+from dispatch_flops.engine.torch_private import NestedTensor as Jagged
 
 
 class NestedShapes(NamedTuple):

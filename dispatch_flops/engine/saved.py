@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
-import torch
 from torch import Tensor, nn
 
 from dispatch_flops.engine.skip import SKIP_FRAMES
-from dispatch_flops.engine.tracker import top_saved_tensors_hooks
+from dispatch_flops.engine.torch_private import (
+    pop_saved_tensors_hooks,
+    push_saved_tensors_hooks,
+    top_saved_tensors_hooks,
+)
 
 if TYPE_CHECKING:
     from dispatch_flops.engine.tracker import Frame, ModuleTracker
@@ -94,8 +97,8 @@ class SavedActivations:
             return their_pack(tensor)
 
         _mark_noted(pack)
-        torch._C._autograd._pop_saved_tensors_default_hooks()
-        torch._C._autograd._push_saved_tensors_default_hooks(pack, their_unpack)
+        pop_saved_tensors_hooks()
+        push_saved_tensors_hooks(pack, their_unpack)
 
     def step_begins(self) -> None:
         """The model's root module is called again: a new step, whose tensors may reuse the

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from dispatch_flops.engine.torch_private import lookup
+
+_EVAL_FRAME = "torch._C._dynamo.eval_frame."
+
 
 def _frame_skipper():
     """Where this torch has it, the C-level switch that makes TorchDynamo leave a code object's
-    frames, and every frame they call, to run as they are; None where it has not."""
-    try:
-        from torch._C._dynamo.eval_frame import (
-            _FrameAction,
-            _FrameExecStrategy,
-            set_code_exec_strategy,
-        )
-    except ImportError:
+    frames, and every frame they call, to run as they are; None where it has not (the
+    feature's warning, from ``torch_private``)."""
+    set_code_exec_strategy = lookup(_EVAL_FRAME + "set_code_exec_strategy")
+    strategy = lookup(_EVAL_FRAME + "_FrameExecStrategy")
+    action = lookup(_EVAL_FRAME + "_FrameAction")
+    if set_code_exec_strategy is None or strategy is None or action is None:
         return None
-    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    skip = strategy(action.SKIP, action.SKIP)
     return lambda code: set_code_exec_strategy(code, skip)
 
 

@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops.engine.skip import SKIP_FRAMES
+from dispatch_flops.engine.torch_private import TorchDispatchMode
+from dispatch_flops.engine.torch_private import cuda_current_stream as _cuda_current_stream
 
 FOLD_EVERY = 64  # pairs queued on a stream between two looks at which have completed
 
@@ -235,7 +236,7 @@ class CudaTimer(Timer):
     def _stream_of(self, device: int) -> _Stream:
         """The calling thread's current stream on ``device``: one C call and a dict lookup
         (``torch.cuda.current_stream`` builds a Stream in Python: microseconds)."""
-        key = torch._C._cuda_getCurrentStream(device)
+        key = _cuda_current_stream(device)
         stream = self._streams.get(key)
         if stream is None:
             state = _STATE

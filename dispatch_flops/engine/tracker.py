@@ -21,7 +21,6 @@ from operator import itemgetter, setitem
 from types import FrameType
 from typing import TYPE_CHECKING, Optional, Sequence
 
-import torch
 from torch import nn
 from torch.nn.modules.module import (
     register_module_forward_hook,
@@ -31,12 +30,17 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.hooks import RemovableHandle
 
 from dispatch_flops.engine.records import CALLS, NS
 from dispatch_flops.engine.skip import SKIP_FRAMES
 from dispatch_flops.engine.timing import Timer
+from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
+from dispatch_flops.engine.torch_private import (
+    get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
+)
+from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
+from dispatch_flops.engine.torch_private import top_saved_tensors_hooks
 from dispatch_flops.results.stats import (
     BACKWARD,
     FORWARD,
@@ -59,13 +63,6 @@ ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequen
 BOUNDARY_WINDOW = 100_000
 _getframe = sys._getframe
 _get_ident = threading.get_ident
-_sequence_nr = torch.autograd._get_sequence_nr
-_current_node = torch._C._current_autograd_node
-# the innermost saved-tensors hooks (pack, unpack), or None; older torch (2.5) cannot tell:
-# there, non-reentrant checkpointing's recomputation counts as backward, and a user's own
-# saved-tensors hooks entered before a counter watching saved activations are not chained
-top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks",
-                                  lambda ignore_is_tensor_wrapper_subclass: None)
 
 # indices into PHASES and into every frame's ``acc``
 FORWARD_I, BACKWARD_I, OPTIMIZER_I, RECOMPUTE_I, OTHER_I = map(
