@@ -251,3 +251,13 @@ def test_the_criterion_flags_text_methods_that_render():
     of its paths, is flagged; delegations through the presenter or a views import pass."""
     assert undelegated(ast.parse(HANDED_OVER)) == []
     assert undelegated(ast.parse(RENDERED_HERE)) == ["__str__ (line 3)", "table (line 6)"]
+
+
+def test_generation_rows_are_labelled_with_the_workflows_phases():
+    """views.text labels a generation's rows without importing the workflow above it: its
+    labels are the workflow's ENCODER, PREFILL and DECODE."""
+    from dispatch_flops.views import text
+    from dispatch_flops.workflows import generation
+
+    assert (text._ENCODER, text._PREFILL, text._DECODE) == (
+        generation.ENCODER, generation.PREFILL, generation.DECODE)
