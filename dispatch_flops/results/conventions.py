@@ -32,12 +32,12 @@ With ``d_v != d`` the attention term takes ``(d + d_v) / 2`` as ``Q``.
 from __future__ import annotations
 
 import math
-import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Optional, Union
 
-from dispatch_flops.results import utilisation
+from dispatch_flops.results import present, utilisation
+from dispatch_flops.results.format import scientific
 from dispatch_flops.results.roofline import DeviceSpec
 from dispatch_flops.results.stats import BACKWARD, FORWARD, RECOMPUTE
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from dispatch_flops.results.profile import Profile
 
 Number = Union[int, float]
-WIDTH = 100  # the printed table fits this many columns
+WIDTH = 100  # the printed table (views.text.conventions_table) fits this many columns
 
 
 @dataclass(frozen=True)
@@ -143,22 +143,11 @@ class Conventions:
                                  "between": d.between} for d in self.differences]}
 
     def __str__(self) -> str:
-        return render(self)
+        return present.presenter().conventions_table(self)
 
 
 def _exact(x: Fraction) -> Number:
     return x.numerator if x.denominator == 1 else float(x)
-
-
-def _sci(x: Number) -> str:
-    if abs(x) < 1e4:
-        return f"{x:.4g}"
-    mantissa, exponent = f"{x:.3e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
-
-
-def _int(x: Number) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:,.1f}"
 
 
 def shape_of(profile: Profile, tokens: Optional[int] = None) -> Shape:
@@ -248,9 +237,9 @@ def rows_of(s: Shape) -> tuple[tuple, tuple]:
                      "every op run: masked attention pairs the kernels computed, recomputed "
                      "forward ops (what hfu() divides)", "the optimizer"))
     rows += [
-        ("6N", f"{f}·{_sci(n)}", f * n, f"every parameter a token uses, {head} included",
+        ("6N", f"{f}·{scientific(n)}", f * n, f"every parameter a token uses, {head} included",
          "attention scores and values (L·H·Q·T), element-wise work"),
-        ("6N no embeddings", f"{f}·({_sci(n)} − {_sci(e)})", f * (n - e),
+        ("6N no embeddings", f"{f}·({scientific(n)} − {scientific(e)})", f * (n - e),
          "non-embedding parameters (Kaplan et al.)",
          f"embedding tables{no_head}; attention scores; element-wise work"),
         ("PaLM", f"{f}N + {lhqt}", f * n + 2 * f * a,
@@ -313,44 +302,3 @@ def conventions(profile: Profile, tokens: Optional[int] = None,
         differences=tuple(Difference(*d) for d in differences),
         tokens_per_s=tokens_per_s, device=spec.name if spec is not None else None,
         dtype=name, peak_flops=peak)
-
-
-def render(c: Conventions) -> str:
-    """The table: a header saying what the formulas read, one line per convention (notes
-    indented below it), then the differences; at most ``WIDTH`` columns."""
-    s = c.shape
-    kind = "training (forward + backward)" if s.passes == 3 else "forward only"
-    where = "the attention calls' b·s" if s.tokens_seen else "given"
-    head = "tied to the embedding" if s.tied else "untied"
-    lines = [f"MFU conventions: {c.model}, {kind}, per token ({_int(s.tokens)} tokens: "
-             f"{where})"]
-    n = f"N {_sci(s.parameters)} parameters a token uses"
-    if s.experts:
-        n += f" ({s.experts[1]} of {s.experts[0]} experts)"
-    lines.append(f"{n}; E {_sci(s.embedding)} in embeddings; LM head h·V "
-                 f"{_sci(s.lm_head)}, {head}; W {_sci(s.matrices)} in GEMMs")
-    shown = [f"{k} {_int(v) if v is not None else 'varies'}" for k, v in
-             (("L", s.layers), ("H", s.heads), ("Q", s.head_dim), ("T", s.keys))]
-    causal = {True: "causal", False: "not causal", None: "causal or not: unseen"}[s.causal]
-    lines.append(f"attention: {', '.join(shown)} ({causal}; counted: {s.counted_attention}"
-                 f"); L·H·Q·T per token {_sci(s.attention)}")
-    if c.peak_flops:
-        lines.append(f"MFU = flops/token x {_int(c.tokens_per_s or 0)} tokens/s / "
-                     f"{c.peak_flops / 1e12:,.1f} TFLOP/s ({c.device}, {c.dtype} dense peak)")
-    header = textwrap.TextWrapper(width=WIDTH, subsequent_indent="  ")
-    lines = [part for line in lines for part in header.wrap(line)]
-    lines.append("")
-    lines.append(f"{'convention':<22}{'formula':<34}{'flops/token':>12}{'MFU':>9}")
-    wrap = textwrap.TextWrapper(width=WIDTH, initial_indent="    ",
-                                subsequent_indent="    ")
-    for row in c.rows:
-        mfu = f"{100 * row.mfu:.1f} %" if row.mfu is not None else "-"
-        formula = row.formula if len(row.formula) <= 33 else row.formula[:32] + "…"
-        lines.append(f"{row.name:<22}{formula:<34}{_sci(row.flops_per_token):>12}{mfu:>9}")
-        lines.extend(wrap.wrap(f"counts {row.counts}; leaves out {row.leaves_out}"))
-    lines.append("")
-    lines.append("differences per token:")
-    wrap = textwrap.TextWrapper(width=WIDTH, initial_indent="", subsequent_indent=" " * 36)
-    for d in c.differences:
-        lines.extend(wrap.wrap(f"  {d.name:<22}{_sci(d.flops_per_token):>10}  {d.between}"))
-    return "\n".join(lines)

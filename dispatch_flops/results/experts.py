@@ -1,14 +1,12 @@
-"""MoE expert load as figures (``Profile.experts``) and as text (``Profile.experts_table``):
-per MoE layer, the tokens each expert was given, their imbalance, and the padding a
-capacity kernel computed. The counts come from ``RunFacts.experts`` (``engine.expert_load``
+"""MoE expert load as figures (``Profile.experts``; ``Profile.experts_table`` lays them out,
+in ``views.text``): per MoE layer, the tokens each expert was given, their imbalance, and the
+padding a capacity kernel computed. The counts come from ``RunFacts.experts`` (``engine.expert_load``
 records them, by the rules docs/distributed.md states)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
-
-from dispatch_flops.results.format import human
 
 if TYPE_CHECKING:
     from dispatch_flops.results.profile import Profile
@@ -61,21 +59,3 @@ def expert_stats(profile: Profile) -> dict[str, ExpertStats]:
     """``{layer: ExpertStats}`` in tree order; {} for a model without recognised experts."""
     return {layer: ExpertStats(layer, calls, tokens, rows)
             for layer, tokens, rows, calls in profile.run.experts}
-
-
-def experts_text(profile: Profile) -> str:
-    """One line per MoE layer: experts, tokens, min / mean / max tokens per expert, the
-    imbalance (max / mean), idle experts, padding."""
-    stats = expert_stats(profile)
-    if not stats:
-        return "No MoE layers (no module matched the expert rules: docs/distributed.md)"
-    width = max(len("Layer"), *(len(s) for s in stats))
-    lines = [f"{'Layer':<{width}}  Experts  Calls  Tokens    Min     Mean     Max  Max/mean"
-             "  Idle  Padding"]
-    lines.append("-" * len(lines[0]))
-    for layer, s in stats.items():
-        imbalance = f"{s.imbalance:.2f}" if s.imbalance is not None else "-"
-        lines.append(f"{layer:<{width}}  {s.experts:>7}  {s.calls:>5}  {human(s.total):>6}  "
-                     f"{min(s.tokens):>5}  {s.mean:>7.1f}  {max(s.tokens):>6}  {imbalance:>8}  "
-                     f"{s.idle:>4}  {s.padding:>7.1%}")
-    return "\n".join(lines)

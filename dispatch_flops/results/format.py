@@ -37,3 +37,12 @@ def duration(seconds: float, precision: int = 2, *, compact: bool = False) -> st
 def percent(part: float, whole: Optional[float], precision: int = 2) -> str:
     """'12.34%' of ``whole``; '-' when ``whole`` is 0 or unknown (None)."""
     return f"{100.0 * part / whole:.{precision}f}%" if whole else "-"
+
+
+def scientific(x: float) -> str:
+    """4 significant digits, in e-notation from 10,000 on: 1234.5 -> '1235', 123456 ->
+    '1.235e5' (no '+' or leading zeros in the exponent)."""
+    if abs(x) < 1e4:
+        return f"{x:.4g}"
+    mantissa, exponent = f"{x:.3e}".split("e")
+    return f"{mantissa}e{int(exponent)}"

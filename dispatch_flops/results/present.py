@@ -1,9 +1,11 @@
-"""The port through which a Profile's text and file views are made.
+"""The port through which a result's text and file views are made.
 
-Tables, CSV, DataFrames and traces are the views room's work (``dispatch_flops.views``), and
-the results room never imports it: ``ProfileViews.table()`` and the other output methods ask
-the ``Presenter`` that ``dispatch_flops.views`` installs here when it is imported (importing
-``dispatch_flops`` does). The method signatures and docstrings stay on ``ProfileViews``.
+Every text a result prints (tables, ``*_text``, ``__str__``), CSV, DataFrames and traces are
+the views room's work (``dispatch_flops.views``), and the results room never imports it:
+``ProfileViews.table()``, ``experts_table()``, ``mfu_text()``, ``str(Conventions)`` and the
+other output methods ask the ``Presenter`` that ``dispatch_flops.views`` installs here when it
+is imported (importing ``dispatch_flops`` does). The method signatures and docstrings stay on
+the result classes; results compute figures only (``tests/test_text_home.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 if TYPE_CHECKING:
+    from dispatch_flops.results.conventions import Conventions
     from dispatch_flops.results.profile import Profile
+    from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
     from dispatch_flops.results.schema import PathLike
 
 
@@ -20,6 +24,14 @@ class Presenter(Protocol):
               width: Optional[int], ops: int, ranks: bool) -> str: ...
 
     def torch_table(self, flop_counts: dict, depth: Optional[int]) -> str: ...
+
+    def experts_table(self, profile: Profile) -> str: ...
+
+    def conventions_table(self, conventions: Conventions) -> str: ...
+
+    def utilisation_text(self, profile: Profile, what: str, phases: Sequence[str],
+                         device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
+                         flops: str) -> str: ...
 
     def write_csv(self, profile: Profile, path: PathLike) -> None: ...
 

@@ -204,7 +204,7 @@ class ProfileViews:
 
     def experts_table(self) -> str:
         """``experts()`` as text, one line per MoE layer."""
-        return experts.experts_text(self.to_profile())
+        return present.presenter().experts_table(self.to_profile())
 
     # -- time -------------------------------------------------------------------------------
     def top_ops_by_time(self, k: int = 10) -> list[tuple[str, Stats]]:
@@ -277,14 +277,14 @@ class ProfileViews:
         dense) ..."`` for mixed dtypes; ``"..., calibrated on cpu"`` against
         ``DeviceSpec.calibrate()``), or why there is none: ``"no MFU: unknown device 'cpu'
         (...)"``. A figure above 100 % carries the reason it cannot be right."""
-        return utilisation.utilisation_text(self.to_profile(), "mfu", MODEL_PHASES, device,
-                                            dtype, flops)
+        return present.presenter().utilisation_text(self.to_profile(), "mfu", MODEL_PHASES,
+                                                    device, dtype, flops)
 
     def hfu_text(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
                  flops: str = "contraction") -> str:
         """HFU with its denominator, or why there is none; see ``mfu_text``."""
-        return utilisation.utilisation_text(self.to_profile(), "hfu", PHASES, device, dtype,
-                                            flops)
+        return present.presenter().utilisation_text(self.to_profile(), "hfu", PHASES, device,
+                                                    dtype, flops)
 
     def conventions(self, tokens: Optional[int] = None, tokens_per_s: Optional[float] = None,
                     device: Optional[DeviceSpec] = None,

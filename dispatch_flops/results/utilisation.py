@@ -157,8 +157,9 @@ def _peak_dtype(profile: Profile, dtype: Optional[str], contraction: bool,
     return dtype
 
 
-def _peaks_text(spec: DeviceSpec, per_peak: dict[str, int]) -> str:
-    """MFU's denominator in words: one dtype's dense peak, or each dtype's (mixed)."""
+def _peaks_in_words(spec: DeviceSpec, per_peak: dict[str, int]) -> str:
+    """MFU's denominator in words: one dtype's dense peak, or each dtype's (mixed). A phrase
+    that the warning above 1 and ``views.text.utilisation_text`` both quote."""
     dtypes = sorted(per_peak, key=lambda d: -per_peak[d])
     scale, unit = (1e12, "TFLOPS") if min(map(spec.peak_flops, dtypes)) >= 1e12 else (
         1e9, "GFLOPS")
@@ -200,7 +201,7 @@ def utilisation(profile: Profile, what: str, phases: Sequence[str],
         per_peak[_peak_dtype(profile, None, True, spec)] = 0
     seconds = sum(n / spec.peak_flops(d) for d, n in per_peak.items())
     devices = len(profile.ranks) or 1  # gathered: flops summed over ranks, wall the longest
-    return seconds / (wall_s * devices), _peaks_text(spec, per_peak)
+    return seconds / (wall_s * devices), _peaks_in_words(spec, per_peak)
 
 
 def checked_utilisation(profile: Profile, what: str, phases: Sequence[str],
@@ -213,18 +214,3 @@ def checked_utilisation(profile: Profile, what: str, phases: Sequence[str],
                       f"{over_one(value, spec, dtype is not None)}", UtilisationWarning,
                       stacklevel=3)
     return value
-
-
-def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
-                     device: Optional[DeviceSpec], dtype, flops: str) -> str:
-    """``utilisation`` in words, or why there is none."""
-    flops_figure(flops)  # a bad ``flops`` is the caller's error, raised
-    try:
-        value, peaks = utilisation(profile, what, phases, device, dtype, flops)
-    except ValueError as e:
-        return f"no {what.upper()}: {e}"
-    text = f"{what.upper()} {100 * value:.1f} % of {peaks}"
-    if value > 1:
-        spec = device_of(profile, device)
-        text += f" -- {over_one(value, spec, dtype is not None)}"
-    return text

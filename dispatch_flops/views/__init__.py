@@ -1,17 +1,20 @@
-"""The views room: text, files and figures made from a Profile: the module table (``table``),
-CSV, the DataFrame and the Chrome trace (``export``), torch's and DeepSpeed's printouts
-(``torch_table``, ``deepspeed_printout``), plots (``plot``). It reads ``results`` only. Importing it
-installs the presenter through which ``Profile.table()`` and the other output methods reach
-it (``results.present``)."""
+"""The views room: text, files and figures made from results: the module table (``table``),
+every other text (``text``: expert load, the MFU conventions, MFU in words, a generation's
+tables, a throughput reading), CSV, the DataFrame and the Chrome trace (``export``), torch's
+and DeepSpeed's printouts (``torch_table``, ``deepspeed_printout``), plots (``plot``). It reads
+``results`` only. Importing it installs the presenter through which ``Profile.table()`` and
+the other output methods reach it (``results.present``); workflows call it directly."""
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
 from dispatch_flops.results import present
+from dispatch_flops.results.conventions import Conventions
 from dispatch_flops.results.profile import Profile
+from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
 from dispatch_flops.results.schema import PathLike
-from dispatch_flops.views import export, table, torch_table
+from dispatch_flops.views import export, table, text, torch_table
 
 
 class _Views:
@@ -24,6 +27,17 @@ class _Views:
 
     def torch_table(self, flop_counts: dict, depth: Optional[int]) -> str:
         return torch_table.torch_table(flop_counts, depth)
+
+    def experts_table(self, profile: Profile) -> str:
+        return text.experts_table(profile)
+
+    def conventions_table(self, conventions: Conventions) -> str:
+        return text.conventions_table(conventions)
+
+    def utilisation_text(self, profile: Profile, what: str, phases: Sequence[str],
+                         device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
+                         flops: str) -> str:
+        return text.utilisation_text(profile, what, phases, device, dtype, flops)
 
     def write_csv(self, profile: Profile, path: PathLike) -> None:
         export.write_csv(profile, path)

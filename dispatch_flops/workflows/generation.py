@@ -26,7 +26,6 @@ from time import perf_counter_ns
 from typing import Callable, Optional
 
 import torch
-from tabulate import tabulate
 from torch import Tensor, nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
@@ -41,6 +40,7 @@ from dispatch_flops.results.roofline import (
     DeviceSpec,
     Roofline,
 )
+from dispatch_flops.views.text import generation_roofline_table, generation_table
 
 ENCODER, PREFILL, DECODE = "encoder", "prefill", "decode"
 # a step's new positions: the first of these its call was given (args[0] otherwise)
@@ -116,27 +116,7 @@ class GenerationRoofline:
         """A row per step (prefill, then each decode step): flops per byte, the compute,
         memory and attainable times, the bound and (timing on) the measured time and the
         attainable / measured ratio."""
-        timed = self.measured_tokens_per_s is not None or self.measured_time_to_first_token_s \
-            is not None
-        rows = []
-        for i, r in enumerate(self.steps):
-            cells = [PREFILL if i == 0 else f"{DECODE} {i}",
-                     "-" if r.arithmetic_intensity is None else f"{r.arithmetic_intensity:.2f}",
-                     duration(r.compute_s or 0.0), duration(r.memory_s or 0.0),
-                     duration(r.attainable_s), r.bound]
-            if timed:
-                measured = r.attainable_s / r.efficiency if r.efficiency else None
-                cells += ["-" if measured is None else duration(measured),
-                          "-" if r.efficiency is None else f"{100 * r.efficiency:.3g}%"]
-            rows.append(cells)
-        headers = ["Step", "FLOP/B", "Compute", "Memory", "Attainable", "Bound"]
-        if timed:
-            headers += ["Measured", "Efficiency"]
-        align = tuple("left" if h in ("Step", "Bound") else "right" for h in headers)
-        return "\n".join([f"{self.device}: time = the sum of each op's max(flops / peak, "
-                          "bytes / bandwidth)",
-                          tabulate(rows, headers=headers, disable_numparse=True,
-                                   colalign=align), repr(self)])
+        return generation_roofline_table(self)
 
     def __str__(self) -> str:
         return self.table()
@@ -473,76 +453,10 @@ class GenerationProfile:
 
     def table(self) -> str:
         """Prefill, the first, mean and last decode step, and how much a decode step grows per
-        token; the encoder and the work outside the model's calls when there is any."""
-        timed = self.timing
-        costs = self.per_token()
-        rows = []
-
-        def row(label, flops, macs, read, written, positions, kv, seconds):
-            moved = read + written
-            cells = [label, positions, human(flops), human(macs), human(read, "B"),
-                     human(written, "B"), f"{flops / moved:.2f}" if moved else "-",
-                     "-" if kv is None else human(kv, "B")]
-            if timed:
-                cells.append("-" if seconds is None else duration(seconds))
-            rows.append(cells)
-
-        def of_profile(label, p):
-            t = p.total
-            row(label, t.flops, t.macs, t.bytes_read, t.bytes_written, "", None, p.wall_s)
-
-        def of_cost(label, c):
-            row(label, c.flops, c.macs, c.bytes_read, c.bytes_written, c.positions,
-                c.kv_cache_bytes, c.latency_s)
-
-        if self.encoder is not None:
-            of_profile(ENCODER, self.encoder)
-        of_cost(PREFILL, costs[0])
-        decode = costs[1:]
-        if decode:
-            of_cost("decode first", decode[0])
-            n = len(decode)
-            timed_mean = mean(c.latency_s or 0.0 for c in decode)
-            rows.append(["decode mean", f"{mean(c.positions for c in decode):g}"] + [
-                human(mean(getattr(c, k) for c in decode)) + u for k, u in (
-                    ("flops", ""), ("macs", ""), ("bytes_read", "B"), ("bytes_written", "B"))
-            ] + [f"{mean(c.flops for c in decode) / mean(c.bytes for c in decode):.2f}", "-"]
-                + ([duration(timed_mean)] if timed else []))
-            if n > 1:
-                of_cost("decode last", decode[-1])
-                first, last = decode[0], decode[-1]
-                span = last.positions - first.positions or 1
-
-                def growth(k, unit=""):
-                    return human((getattr(last, k) - getattr(first, k)) / span, unit)
-                kv = (None if last.kv_cache_bytes is None or first.kv_cache_bytes is None
-                      else human((last.kv_cache_bytes - first.kv_cache_bytes) / span, "B"))
-                rows.append(["growth per token", "+1", growth("flops"), growth("macs"),
-                             growth("bytes_read", "B"), growth("bytes_written", "B"), "-",
-                             kv or "-"] + (["-"] if timed else []))
-        of_profile("outside model", self.outside)
-        headers = ["Step", "Positions", "FLOPs", "MACs", "Read", "Written", "FLOP/B", "KV cache"]
-        if timed:
-            headers.append("Time")
-        align = ("left",) + ("right",) * (len(headers) - 1)
-        lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align)]
-        held, filled = self.kv_cache_bytes[0], self.kv_cache_filled_bytes[0]
-        if held is not None and filled != held:  # a static cache
-            lines.append(f"KV cache holds {human(held, 'B')} from the prefill on, "
-                         f"{human(filled, 'B')} of it filled then: attention runs over all "
-                         "of it at every step")
-        lines.append(self._steps_line())
-        return "\n".join(lines)
-
-    def _steps_line(self) -> str:
-        """What the steps were, in the words of ``generate``'s arguments: each forward call
-        gives every sequence one new token, the prefill's included, so ``max_new_tokens=8``
-        is the prefill and 7 decode steps."""
-        n, sequences = len(self.steps), self._facts[-1]["sequences"]
-        plural = "s" if n != 1 else ""
-        return (f"{n} new token{plural} per sequence ({sequences} sequence"
-                f"{'s' if sequences != 1 else ''}): the prefill's, then {len(self.decode)} "
-                f"decode step{'s' if len(self.decode) != 1 else ''} of one token each")
+        token; the encoder and the work outside the model's calls when there is any; under
+        it, what the steps were in ``generate``'s words (``max_new_tokens=8``: the prefill
+        and 7 decode steps)."""
+        return generation_table(self)
 
     def __str__(self) -> str:
         return self.table()

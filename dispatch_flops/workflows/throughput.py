@@ -44,6 +44,7 @@ from dispatch_flops.counter import FlopCounter
 from dispatch_flops.results.profile import Profile
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike, device_spec
 from dispatch_flops.results.stats import check_int
+from dispatch_flops.views.text import throughput_text
 
 METRICS = ("model_flops", "hardware_flops", "tokens_per_s", "step_s", "mfu", "hfu",
            "peak_flop_s")
@@ -179,27 +180,7 @@ class ThroughputReading(_Rates):
         return out
 
     def __str__(self) -> str:
-        tokens = f"{self.tokens_per_s:,.0f} tokens/s, " if self.tokens else ""
-        text = (f"{self.steps} timed steps: {self.step_s:.4g} s/step, {tokens}"
-                f"model {_flops(self.model_flops)}/step, "
-                f"hardware {_flops(self.hardware_flops)}/step")
-        mfu, hfu = self.mfu, self.hfu
-        if mfu is not None and hfu is not None:
-            text += f", MFU {100 * mfu:.3g} % / HFU {100 * hfu:.3g} % of {self.peak}"
-        else:
-            text += (", no MFU (no peak: pass device=DeviceSpec.cpu(flop_s, bytes_s), "
-                     "DeviceSpec.calibrate() or DeviceSpec(...))")
-        extra = [f"{self.counted_steps} counted (not timed)"] if self.counted_steps else []
-        if self.unpriced_steps:
-            extra.append(f"{self.unpriced_steps} timed with inputs never counted (left out)")
-        return text + (f" [{'; '.join(extra)}]" if extra else "")
-
-
-def _flops(n: float) -> str:
-    for scale, unit in ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n:.4g} FLOP"
+        return throughput_text(self)
 
 
 @dataclass(frozen=True)
