@@ -317,3 +317,12 @@ def test_a_damaged_file_is_a_value_error_or_a_run_whose_views_all_work(data):
     assert from_text(text).to_dict() == p.to_dict()
     views(p)
     assert from_text(json.dumps(p.to_dict())).to_dict() == p.to_dict()
+
+
+def test_a_time_past_a_floats_range_is_refused_not_an_overflow():
+    """An int too large for a float (a damaged file's seconds) is a problem named, where
+    math.isfinite would raise OverflowError (found by the fuzz test above)."""
+    from dispatch_flops.results import validate
+
+    assert "not a finite number of seconds" in validate.seconds(10**400)
+    assert validate.seconds(3) is None

@@ -101,7 +101,8 @@ def seconds(value: Any) -> Optional[str]:
     """A time in seconds: a finite number (not a bool), ``0 <= value < SECONDS_LIMIT``."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return f" is {shown(value)}, not a number of seconds"
-    if not (math.isfinite(value) and 0 <= value < SECONDS_LIMIT):
+    # an int is compared as it is: math.isfinite on an int past a float's range overflows
+    if not ((isinstance(value, int) or math.isfinite(value)) and 0 <= value < SECONDS_LIMIT):
         return f" is {shown(value)}, not a finite number of seconds from 0 to 2**63 ns"
     return None
 
