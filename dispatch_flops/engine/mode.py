@@ -236,7 +236,8 @@ class CountingMode(TorchDispatchMode):
         # what counting changes (the counter's, handed over by ``bind``; a mode of its own
         # until then: a composite's pricing run counts into it)
         self.state = CountingState()
-        self._boundary_seqs, self._boundary_frames = [-1], [None]
+        self._boundary_seqs: list = self.state.boundary_seqs
+        self._boundary_frames: list = self.state.boundary_frames
         self._book: list = self.state.records
         self.tracker: Optional[ModuleTracker] = None  # see bind; None again once it closes
         # DTensor's logical figure (engine.dtensor): made when the first DTensor is met
