@@ -22,21 +22,18 @@ from dispatch_flops.engine import compiled as _compiled
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
+from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
 from dispatch_flops.engine.records import Captured, engine_cache
 from dispatch_flops.engine.saved import SavedActivations
+from dispatch_flops.engine.state import CountingState
 from dispatch_flops.engine.timing import Relay, Relayed, Timer, cuda_index
 from dispatch_flops.engine.torch_private import (
     get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
 )
 from dispatch_flops.engine.trace import is_tracing, new_timer, trace_events
-from dispatch_flops.engine.tracker import (
-    LEDGERS_LOCK,
-    ModuleTracker,
-    block_frame,
-    ledger_for,
-)
+from dispatch_flops.engine.tracker import ModuleTracker, block_frame
 from dispatch_flops.formulas import REGISTRY, Registry
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
 from dispatch_flops.results.profile import Profile
@@ -123,7 +120,7 @@ class FlopCounter(ProfileViews):
         self._saved_hooks: Optional[saved_tensors_hooks] = None
         self._saved: Optional[SavedActivations] = None  # bytes saved for backward, if asked
         self._relay = None  # the Relay this counter put under the mode below it, if nested
-        self._experts: Optional[ExpertLoad] = None  # the MoE layers' hooks (engine.experts)
+        self._experts: Optional[ExpertLoad] = None  # the MoE layers' hooks (engine.expert_load)
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts)
         # (volatile run facts, (module types, params)) read at exit: see __exit__
         self._at_exit: Optional[tuple] = None
@@ -149,8 +146,11 @@ class FlopCounter(ProfileViews):
             self.registry, runner)
         ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, timer)
         try:
-            tracker = ModuleTracker(self.model, mode, timer, ledger, guard, self._every_module)
-            mode.bind(tracker)
+            # what counting changes, one object: the mode and tracker write its parts
+            state = CountingState(ledger if ledger is not None else Ledger())
+            tracker = ModuleTracker(self.model, mode, state, timer, ledger is not None, guard,
+                                    self._every_module)
+            mode.bind(tracker, state)
             mode.follow_local_tensors(self.model)
             tracker.attach()
             # MoE layers' expert load (hooks on recognised expert modules only)
@@ -294,7 +294,7 @@ class FlopCounter(ProfileViews):
             dtensor_ops=mode.logical_ops(self.attention == "causal"),
             attention_calls=_facts.attention_calls(tracker, mode.resolved),
             parameters=_facts.parameter_groups(tracker, mode.resolved),
-            pipeline=tuple(map(tuple, mode.pipeline)),
+            pipeline=tracker.state.pipeline_actions(),
             experts=self._experts.facts() if self._experts is not None else ())
 
     def _make(self, captured: tuple) -> Profile:
@@ -307,9 +307,8 @@ class FlopCounter(ProfileViews):
             trace = trace_events(self._timer, tracker.ledger, mode.resolved, self.root_label)
         # a run that counted what the ledger's last one did shares its views (same data)
         last = tracker.ledger.last
-        views = last._views if last is not None and last._rows is rows and \
-            last.module_facts == facts and last.run == run else None
-        profile = Profile(rows, facts, run, trace=trace, views=views)
+        profile = last.alike(rows, facts, run, trace) if last is not None else \
+            Profile(rows, facts, run, trace=trace)
         if not self._active:
             tracker.ledger.last = profile
         return profile
@@ -339,6 +338,42 @@ class FlopCounter(ProfileViews):
             timing=self.timing, saved_activations=self.saved_activations,
             wall_s=self.wall_s, allow_tf32=getattr(self, "_allow_tf32", False),
             **volatile, **more)
+
+    # -- for workflows that follow a counter's block (generation steps, pipeline stages) -----
+    @property
+    def counting(self) -> bool:
+        """Whether the block is running (entered and not yet exited)."""
+        return self._active
+
+    @property
+    def state(self) -> CountingState:
+        """What counting changes (``engine.state``), for workflows that tell the counter
+        about the work they run (``tag_transfer``, ``note_pipeline``). ``ValueError`` when
+        the block is not running."""
+        if not self._active or self._tracker is None:
+            raise ValueError("the FlopCounter is not counting: use its state inside its block")
+        return self._tracker.state
+
+    @property
+    def timer(self) -> Optional[Timer]:
+        """The block's clock (``engine.timing``: ``mark()``, ``span(...)``) when timing, else
+        None."""
+        return self._timer
+
+    @property
+    def block_start_ns(self) -> int:
+        """When the block started, on the host clock of ``timer`` (``perf_counter_ns``);
+        0 when not timing."""
+        start = self._wall_start
+        if self._timer is None or start is None:
+            return 0
+        return getattr(start, "ns", start)  # a CUDA mark keeps its host time
+
+    def resolve_times(self) -> None:
+        """Fold the times measured so far into the counts (CUDA events that completed):
+        before reading ``to_profile()`` inside the block to compare with a later one."""
+        if self._timer is not None:
+            self._timer.resolve()
 
     @property
     def wall_s(self) -> Optional[float]:

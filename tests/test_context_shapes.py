@@ -213,7 +213,7 @@ def test_an_optimizer_step_that_raises_ends_the_optimizer_phase(with_model):
             with pytest.raises((FloatingPointError, RuntimeError)):
                 failing.step()
             X @ X.T  # no module runs: the next op notices the step is over
-            assert not fc._mode.stepping  # later ops: the plain path
+            assert not fc._mode.state.stepping  # later ops: the plain path
             model(X)
     outside = 2 * (2 * 4 * 4 * 8)  # X @ X.T twice, outside the model
     expected = {Phase.OPTIMIZER: stepped, Phase.FORWARD: 2 * once(model)}  # one step ran

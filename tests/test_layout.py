@@ -3,6 +3,7 @@ included); imports only go down the rooms (docs/architecture.md); the formula li
 imports the engine; a counter and a Profile answer the same views with the same signatures."""
 
 import ast
+import functools
 import importlib
 import inspect
 import pathlib
@@ -10,6 +11,7 @@ import pkgutil
 from dataclasses import fields
 
 import pytest
+import torch
 
 import dispatch_flops
 from dispatch_flops import FlopCounter, Profile
@@ -229,6 +231,7 @@ def test_views_have_real_signatures():
     assert {"imbalance", "logical", "graph_runs", "in_graphs"} <= set(queries.VIEWS)
     public = {n for n in dir(Profile) if not n.startswith("_")}
     facts = {"from_dict", "from_json", "merge", "per_step", "with_medians", "replace", "memo",
+             "alike",
              "rows", "trace", "timing", "attention", "repeats", "steps", "wall_s",
              "root_label", "has_model", "saved_activations", "dtype", "to_profile"}
     # what a Profile answers beyond the shared views is its data and its combinations
@@ -243,3 +246,130 @@ def test_every_fact_has_its_combination_rule():
     since / with_medians: each has one line in combine's table."""
     assert set(combine.MODULE_RULES) == {f.name for f in fields(ModuleFacts)}
     assert set(combine.RUN_RULES) == {f.name for f in fields(RunFacts)}
+
+
+# ---- size and seams ----------------------------------------------------------------------
+
+CLASS_LINES_MAX = 450
+
+
+def test_no_class_is_over_450_lines():
+    """Every class in the package and the formula library fits in 450 lines (decorators and
+    docstring included): a class that grows past it is carved (engine.dtensor, engine.exotic,
+    engine.steps are the mode's and the tracker's carved parts)."""
+    over = {}
+    for root in (PACKAGE, FORMULAS):
+        for path in root.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                    lines = node.end_lineno - start + 1
+                    if lines > CLASS_LINES_MAX:
+                        over[f"{path.name}:{node.name}"] = lines
+    assert over == {}
+
+
+def _subpackage(path: pathlib.Path) -> str:
+    """The room of a module: its subpackage (``engine``, ``results``, ...); a top-level
+    module (``counter``, ``models``) is a room of its own."""
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else path.stem
+
+
+def _defined_private_names(tree: ast.AST) -> set:
+    """The ``_names`` a module defines for its objects: functions, methods and classes,
+    class-level names and ``__slots__``, attributes it sets on ``self``/``cls``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            pass
+    for node in ast.walk(tree):  # __slots__ = ("_a", "_b")
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+            names.update(e.value for e in ast.walk(node.value)
+                         if isinstance(e, ast.Constant) and isinstance(e.value, str))
+    return {n for n in names if _private(n)}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _root(node: ast.AST) -> str:
+    """The name an attribute chain starts from (``torch`` for ``torch._ops.OpOverload``)."""
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+@functools.cache
+def _torch_names() -> frozenset:
+    """Private names torch's own objects carry (modules, tensors, autograd nodes): reading
+    them is the package's business with torch, not a reach into another room."""
+    node = torch.ones(1, requires_grad=True).exp().grad_fn
+    return frozenset(dir(torch.nn.Module) + list(vars(torch.nn.Module())) +
+                     dir(torch.Tensor) + dir(node))
+
+
+def _private_reaches(path: pathlib.Path, tree: ast.AST, own: set, others: set) -> list:
+    """``<line>: <what>`` for each reach into another room's private names in one module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and \
+                node.module.startswith("dispatch_flops."):
+            module = node.module
+            mine = ".".join(("dispatch_flops",) + path.relative_to(PACKAGE)
+                            .with_suffix("").parts)
+            for alias in node.names:
+                if _private(alias.name) and module != mine:
+                    found.append(f"{node.lineno}: from {module} import {alias.name}")
+        name = None
+        if isinstance(node, ast.Attribute) and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            name = node.attr
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("getattr", "setattr", "hasattr", "delattr") and \
+                len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and \
+                isinstance(node.args[1].value, str) and not (
+                    isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls")):
+            name = node.args[1].value
+        if name is not None and _private(name) and name in others and name not in own \
+                and name not in _torch_names() and _root(node) not in ("torch", "sys"):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_room_reaches_into_another_rooms_private_names():
+    """No module uses a private (``_name``) attribute of an object another room of the
+    package made, nor imports a private name from another module.
+
+    The rule, pragmatic: an attribute ``x._name`` (or ``getattr(x, "_name")``) read or
+    written on anything but ``self``/``cls`` is a reach-in when ``_name`` is defined in
+    another room (a subpackage, or a top-level module such as ``counter``) and nowhere in
+    the module's own room; names only torch's objects carry (``module._parameters``,
+    ``func._schema``) are defined in no room and pass. ``from dispatch_flops.<module> import
+    _name`` of a module other than its own is a reach-in wherever it is (a private name is
+    its module's). Dunder names pass; tests are exempt."""
+    trees = {path: ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")
+             if path.resolve().is_relative_to(PACKAGE.resolve())
+             and FORMULAS.resolve() not in path.resolve().parents}
+    by_room: dict = {}
+    for path, tree in trees.items():
+        by_room.setdefault(_subpackage(path), set()).update(_defined_private_names(tree))
+    found = {}
+    for path, tree in trees.items():
+        room = _subpackage(path)
+        others = set().union(*(names for r, names in by_room.items() if r != room))
+        reaches = _private_reaches(path, tree, by_room[room], others)
+        if reaches:
+            found[str(path.relative_to(PACKAGE))] = reaches
+    assert found == {}

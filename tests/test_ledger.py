@@ -236,12 +236,12 @@ def test_one_counter_for_a_long_run_keeps_a_window_of_boundaries(monkeypatch):
     model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model) as one:
         step(model, idx)
-    per_step = len(one._tracker.boundary_frames) - 1
+    per_step = len(one._tracker.state.boundary_frames) - 1
     monkeypatch.setattr(_tracker, "BOUNDARY_WINDOW", per_step)
     with FlopCounter(model) as five:
         for _ in range(5):
             step(model, idx)
-    assert len(five._tracker.boundary_frames) <= 2 * per_step + 1
+    assert len(five._tracker.state.boundary_frames) <= 2 * per_step + 1
     for name, stats in one.by_module().items():
         assert five.by_module()[name].inclusive.flops == 5 * stats.inclusive.flops
         assert five.by_module()[name].exclusive.macs == 5 * stats.exclusive.macs

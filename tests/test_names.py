@@ -20,7 +20,14 @@ SHIMS = {
 def _modules() -> list[str]:
     """Every module of the package, the formula library included (``dispatch_flops.formulas``,
     wherever it is installed from)."""
-    return [m.name for m in pkgutil.walk_packages(dispatch_flops.__path__, "dispatch_flops.")]
+    import dispatch_flops.formulas as formulas
+
+    # the formula library is walked on its own: installed through setuptools' package-dir,
+    # it need not sit under dispatch_flops' folder (an editable install maps it there)
+    names = {m.name for m in pkgutil.walk_packages(dispatch_flops.__path__, "dispatch_flops.")}
+    names.update(m.name for m in pkgutil.walk_packages(formulas.__path__,
+                                                        "dispatch_flops.formulas."))
+    return sorted(names)
 
 
 def _doubled(names: list[str]) -> dict[str, list[str]]:

@@ -158,14 +158,14 @@ class FlopCounterMode(FlopCounter):
         flops = formula(*args, **kwargs, out_val=out)
         tracker, counting = self._tracker, self._mode
         assert tracker is not None and counting is not None, "only called inside the block"
-        node = _current_node()
-        if node is None or counting.recomputing:
+        node, state = _current_node(), tracker.state
+        if node is None or state.recomputing:
             frame = tracker.current
         elif node._sequence_nr() == ACCUMULATE_GRAD_SEQ:
             frame = tracker.frame_of_accumulation(node)
         else:
-            at = bisect_right(tracker.boundary_seqs, node._sequence_nr()) - 1
-            frame = tracker.boundary_frames[at]
+            at = bisect_right(state.boundary_seqs, node._sequence_nr()) - 1
+            frame = state.boundary_frames[at]
         index = (frame.stack, key)
         self._extra[index] = self._extra.get(index, 0) + flops
 

@@ -62,13 +62,14 @@ from torch import Tensor
 
 from dispatch_flops.engine import flex
 from dispatch_flops.engine import module_facts as facts
+from dispatch_flops.engine.ledger import Frame
 from dispatch_flops.engine.records import CALLS, NS
 from dispatch_flops.engine.torch_private import TorchDispatchMode, lookup
 from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack as _mode_stack
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
 from dispatch_flops.engine.torch_private import pop_mode as _pop_mode
 from dispatch_flops.engine.torch_private import push_mode as _push_mode
-from dispatch_flops.engine.tracker import Frame, ModuleTracker
+from dispatch_flops.engine.tracker import ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT
 
 _calls = itemgetter(CALLS)
@@ -171,7 +172,8 @@ class Graph:
             prices = self.priced.get(ledger)
             if prices is None:
                 prices = self.priced[ledger] = {}
-            key = (id(mode.forward_acc), shapes, instance)  # an acc lives as long as its ledger
+            # an accumulator lives as long as its ledger
+            key = (id(tracker.state.forward_acc), shapes, instance)
             priced = prices.get(key)
             if priced is None:
                 priced = prices[key] = self._price(mode, tracker, args, kwargs)
@@ -236,8 +238,7 @@ class Graph:
 
         ledger = tracker.ledger
         records = ledger.records
-        state = (tracker.current, mode.forward_acc, len(tracker.boundary_seqs),
-                 mode._last, mode.recomputing)
+        running, saved = tracker.current, tracker.state.save()
         before = (list(map(_calls, records)), list(map(_ns, records)))
         with _disable_current_modes():
             fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -245,7 +246,7 @@ class Graph:
             # each shape dynamic ones meet would leave an entry per op and shapes behind
             fake_mode.cache_enabled = False
             fake = [fake_mode.from_tensor(a) if isinstance(a, Tensor) else a for a in args]
-        frames = _FrameMap(tracker, state[0], self._renames(tracker, args))
+        frames = _FrameMap(tracker, running, self._renames(tracker, args))
         pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
         flex.PRICING.append(pricing)
@@ -253,8 +254,8 @@ class Graph:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else _nullcontext():
                 outs = _Interpreter(self.gm, frames).run(*fake)
-                tracker.current = state[0]
-                mode.forward_acc = state[1]
+                tracker.current = running
+                tracker.state.forward_acc = saved[0]
                 middle = list(map(_calls, records))
                 outs = [o for o in _flat(outs) if isinstance(o, Tensor) and o.requires_grad]
                 inputs = [a for a in fake if isinstance(a, Tensor) and a.requires_grad]
@@ -266,10 +267,8 @@ class Graph:
                     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
         finally:
             flex.PRICING.remove(pricing)
-            tracker.current, mode.forward_acc = state[0], state[1]
-            del tracker.boundary_seqs[state[2]:]
-            del tracker.boundary_frames[state[2]:]
-            mode._last, mode.recomputing = state[3], state[4]
+            tracker.current = running
+            tracker.state.restore(saved)
         after = list(map(_calls, records))
         # metadata queries fake tensors answer through dispatch (prim.device): eager has none
         fake_only = set()
@@ -367,13 +366,7 @@ def _flat(out):
 def _sink_backward(tracker, first: int, last: int) -> None:
     """Backward ops of nodes numbered ``first`` to ``last - 1`` (made by a compiled graph's
     run: their work is in its backward counts) go to the sink."""
-    seqs, frames = tracker.boundary_seqs, tracker.boundary_frames
-    if seqs[-1] > first:  # a boundary inside the run: leave attribution as it is
-        return
-    seqs.append(first)
-    frames.append(SINK_FRAME)
-    seqs.append(last)
-    frames.append(tracker.current)
+    tracker.state.sink_backward(first, last, SINK_FRAME, tracker.current)
 
 
 def _nodes_made(out, first: int, last: int) -> list:

@@ -32,7 +32,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.masks import TALLY, Tally, _has_values, rates
+from dispatch_flops.engine.masks import TALLY, Tally, has_values, rates
 from dispatch_flops.engine.records import CALLS, Signature
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.engine.torch_private import lookup
@@ -100,7 +100,7 @@ def count(mode, resolution: HopResolution, q: Tensor, k: Tensor, v: Tensor, outs
         rec = acc[key] = [0, 0, signature]
         mode.book(rec)
     rec[CALLS] += 1
-    if not _has_values(q):  # fake or meta: no values to read (engine.compiled counts runs)
+    if not has_values(q):  # fake or meta: no values to read (engine.compiled counts runs)
         if PRICING:
             PRICING[-1].note(rec, resolution.backward, (q.shape, k.shape, v.shape),
                              block_mask, buffers)

@@ -85,7 +85,7 @@ def _int(n) -> int:
     return int(n.item()) if isinstance(n, Tensor) else int(n)
 
 
-def _has_values(t) -> bool:
+def has_values(t) -> bool:
     """Whether ``t`` holds values that can be read (a plain tensor, not fake, not meta)."""
     return type(t) is Tensor and t.device.type != "meta" or \
         isinstance(t, torch.nn.Parameter) and t.device.type != "meta"
@@ -123,7 +123,7 @@ def _sdpa_tally(q_at: int, mask_at, backward: bool, layout: str = "bhsd") -> Cal
             mask = kwargs.get(mask_at) if kwargs else None
         else:
             mask = args[mask_at] if len(args) > mask_at else None
-        if mask is None or not _has_values(mask):
+        if mask is None or not has_values(mask):
             return
         q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
         qs, ks, vs = q.shape, k.shape, v.shape
@@ -165,7 +165,7 @@ def _storage(t: Tensor) -> int:
 
 def _bmm_tally(rec, args, kwargs, out) -> None:
     a, b = args[0], args[1]
-    if not _has_values(a) or a.dim() != 3:
+    if not has_values(a) or a.dim() != 3:
         _EAGER.scores = None
         return
     probs = _EAGER.probs
@@ -183,7 +183,7 @@ def _bmm_tally(rec, args, kwargs, out) -> None:
 def _softmax_tally(rec, args, kwargs, out) -> None:
     x, dim = args[0], args[1]
     scores, _EAGER.scores = _EAGER.scores, None
-    if scores is None or not _has_values(x) or x.dim() < 2 or dim not in (-1, x.dim() - 1):
+    if scores is None or not has_values(x) or x.dim() < 2 or dim not in (-1, x.dim() - 1):
         return
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
         return
@@ -208,7 +208,7 @@ def _follow_probs(rec, args, kwargs, out) -> None:
         return
     result = out[0] if isinstance(out, tuple) else out
     a = args[0]
-    if isinstance(a, Tensor) and isinstance(result, Tensor) and _has_values(a) and \
+    if isinstance(a, Tensor) and isinstance(result, Tensor) and has_values(a) and \
             a.numel() == probs[1] and _storage(a) == probs[0]:
         _EAGER.probs = (_storage(result), result.numel(), probs[2])
 

@@ -29,7 +29,8 @@ from dispatch_flops.engine.torch_private import (
 )
 
 if TYPE_CHECKING:
-    from dispatch_flops.engine.tracker import Frame, ModuleTracker
+    from dispatch_flops.engine.ledger import Frame
+from dispatch_flops.engine.tracker import ModuleTracker
 
 # the attribute that marks a pack this module put in place of a user's (``_wrap_inner_hooks``)
 _NOTED = "_dispatch_flops_noted"

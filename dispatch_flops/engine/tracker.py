@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import weakref
-from collections import deque
-from itertools import repeat
-from operator import itemgetter, setitem
 from types import FrameType
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -32,8 +28,21 @@ from torch.optim.optimizer import (
 )
 from torch.utils.hooks import RemovableHandle
 
-from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.engine.ledger import (  # noqa: F401  (Frame, Ledger: their old home)
+    BACKWARD_I,
+    FORWARD_I,
+    LEDGERS_LOCK,
+    OPTIMIZER_I,
+    OTHER_I,
+    RECOMPUTE_I,
+    Frame,
+    Ledger,
+    Outside,
+    ledger_for,
+    phase_of,
+)
 from dispatch_flops.engine.skip import SKIP_FRAMES
+from dispatch_flops.engine.steps import CLOSURE, OptimizerSteps, running, suspendable
 from dispatch_flops.engine.timing import Timer
 from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
 from dispatch_flops.engine.torch_private import (
@@ -41,80 +50,20 @@ from dispatch_flops.engine.torch_private import (
 )
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
 from dispatch_flops.engine.torch_private import top_saved_tensors_hooks
-from dispatch_flops.results.stats import (
-    BACKWARD,
-    FORWARD,
-    OPTIMIZER,
-    OTHER,
-    PHASES,
-    RECOMPUTE,
-    ROOT,
-    static_prefixes,
-)
+from dispatch_flops.results.stats import ROOT, static_prefixes
 
 if TYPE_CHECKING:
     from dispatch_flops.engine.compiled import GraphRuns
     from dispatch_flops.engine.mode import CountingMode
     from dispatch_flops.engine.saved import SavedActivations
+    from dispatch_flops.engine.state import CountingState
 
-_ns = itemgetter(NS)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 # module boundaries kept for attributing backward ops (see _forget_oldest_boundaries)
 BOUNDARY_WINDOW = 100_000
 _getframe = sys._getframe
 _get_ident = threading.get_ident
 
-# indices into PHASES and into every frame's ``acc``
-FORWARD_I, BACKWARD_I, OPTIMIZER_I, RECOMPUTE_I, OTHER_I = map(
-    PHASES.index, (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE, OTHER))
-
-
-def phase_of(*, node: bool, recompute: bool, optimizer: bool, outside: bool = False) -> int:
-    """The one rule that decides an op's phase (an index into ``PHASES``):
-
-    - ``recompute``: activation checkpointing is re-running forward inside backward (a module
-      called while autograd runs a node, reentrant checkpointing's own node, or an op under
-      non-reentrant checkpointing's recomputation hook);
-    - ``optimizer``: inside ``optimizer.step()`` (torch's global step hooks), no node running;
-    - ``other``: ``outside`` the model, a counter with a model: no module of it was running
-      when the op ran (forward) or when its node was made (backward): a loss computed after
-      the model, gradient clipping, loss scaling. Hardware flops, not model flops;
-    - ``backward``: autograd is running a node (``node``);
-    - ``forward``: anything else.
-
-    The tracker asks it whenever its state changes and aims the mode's ``forward_acc`` at the
-    answer; the mode asks it for each autograd node its ops run under; ``Outside`` asks it
-    once for every phase."""
-    if recompute:
-        return RECOMPUTE_I
-    if optimizer and not node:
-        return OPTIMIZER_I
-    if outside:
-        return OTHER_I
-    if node:
-        return BACKWARD_I
-    return FORWARD_I
-
-
-def running(frame, start) -> bool:
-    """Whether the Python ``frame`` is on the call stack at ``start`` (start itself or a
-    caller of it): a module call, or a generator or coroutine, still running."""
-    while start is not None:
-        if start is frame:
-            return True
-        start = start.f_back
-    return False
-
-
-# frames that can be suspended with a counter open in them: a generator or a coroutine
-_SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE,
-# CO_ASYNC_GENERATOR
-
-
-def suspendable(frame) -> bool:
-    """Whether ``frame`` (where a counter is entered) can be suspended while other code runs
-    on its thread (a generator, a coroutine: asyncio tasks)."""
-    return bool(frame is not None and frame.f_code.co_flags & _SUSPENDABLE)
 
 
 # what a context manager runs to enter its block; contextlib's own frames (ExitStack,
@@ -194,189 +143,25 @@ def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module], tup
     return name_of, modules, tuple(names)
 
 
-class Frame:
-    """One running stack of modules, root first, with the ops counted under it.
-
-    ``acc[i]`` is phase ``PHASES[i]``'s accumulator: op key (an overload's id, or a
-    signature) -> op record (see ``_records``); the dispatch mode writes them."""
-
-    __slots__ = ("name", "dotted", "parent", "stack", "children", "calls", "acc", "span")
-
-    def __init__(self, name: str, parent: Optional["Frame"], frames: list):
-        self.name = name
-        self.dotted = name + "." if name else ""  # what the names of modules inside begin with
-        self.parent = parent
-        self.stack: tuple = (name,) if parent is None else parent.stack + (name,)
-        self.children: dict[str, Frame] = {}
-        self.calls = 0  # forward calls of the module that entered this frame
-        self.acc: tuple = tuple({} for _ in PHASES)
-        self.span = [0]  # ns inside this frame's module calls, hook to hook (timing on)
-        frames.append(self)
-
-    def child(self, name: str, frames: list) -> "Frame":
-        frame = self.children.get(name)
-        if frame is None:
-            frame = self.children[name] = Frame(name, self, frames)
-        return frame
 
 
-class Outside(Frame):
-    """Where ops go while none of the model's modules runs: the root's frame, each phase's
-    accumulator the one ``phase_of(outside=True)`` names (forward and backward: ``other``).
-    Not one of the ledger's frames (its accumulators are the root's); entered when the
-    model's last running call ends, so the nodes made meanwhile get ``other`` too."""
-
-    __slots__ = ("root",)
-
-    def __init__(self, root: Frame):
-        self.root = root
-        self.name, self.dotted, self.parent, self.stack = root.name, root.dotted, None, root.stack
-        self.children = root.children
-        self.calls, self.span = 0, [0]
-        self.acc = tuple(root.acc[phase_of(node=i == BACKWARD_I, recompute=i == RECOMPUTE_I,
-                                           optimizer=i == OPTIMIZER_I, outside=True)]
-                         for i in range(len(PHASES)))
-
-    def child(self, name: str, frames: list) -> Frame:
-        return self.root.child(name, frames)
-
-
-# a ledger holding more records is replaced: every harvest walks them all
-_LEDGER_RECORDS_CAP = 10_000
-
-
-class Ledger:
-    """The frames and op records of counting one model, kept from one counter to the next.
-
-    A counter that finds its model's ledger free counts into it: the frames and records its
-    ops need are already there, so entering a new ``FlopCounter(model)`` every step costs what
-    keeping one open does. A counter that exits leaves its counts here (``holder``: how to
-    hand them to it); the next counter on the model first hands them over, if that counter
-    is still alive and has not read them yet, and sets them back to zero in place
-    (``settle``): a counter nobody reads costs no copy. One counter at a time: a nested counter
-    gets a ledger of its own (``busy``)."""
-
-    # weakly referable: a compiled graph keeps what it priced in a ledger for as long as the
-    # ledger lives (``compiled.Graph.priced``)
-    __slots__ = ("root", "frames", "records", "busy", "home", "layout", "params", "last",
-                 "holder", "_outside", "__weakref__")
-
-    def __init__(self):
-        self.frames: list[Frame] = []  # every frame, in the order they were made
-        self.records: list[list] = []  # every op record of every frame, in the order made
-        self.busy = False
-        self.home: Optional[tuple] = None  # (ledgers, key) where shared_ledger keeps it
-        self.layout = None  # _records.Layout of its records, rebuilt when records are added
-        self.params: Optional[tuple] = None  # (modules, types, params): facts.types_and_params
-        self.last = None  # the last Profile harvested: the next may share its views
-        self.root = Frame(ROOT, None, self.frames)
-        # the counts here are a finished counter's: a weak method that copies them into it
-        self.holder: Optional[weakref.WeakMethod] = None
-        self._outside: Optional[Outside] = None
-
-    @property
-    def outside(self) -> "Outside":
-        """The root's ``Outside`` (made once: it holds no counts of its own)."""
-        if self._outside is None:
-            self._outside = Outside(self.root)
-        return self._outside
-
-    def retire(self) -> None:
-        """Never hand this ledger to another counter (a mode still counts into it)."""
-        if self.home is not None:
-            ledgers, key = self.home
-            found = ledgers.get(key)
-            if found is not None and found[1] is self:
-                del ledgers[key]
-
-    def settle(self) -> None:
-        """Hand the counts left here to the counter that made them (if it lives), then set
-        them back to zero. Called under ``LEDGERS_LOCK``."""
-        holder, self.holder = self.holder, None
-        if holder is not None:
-            take = holder()
-            if take is not None:
-                take()
-            self.reset()
-
-    def reset(self) -> None:
-        """Every count back to zero, frames and records kept (their layout stays valid)."""
-        records = self.records
-        n = len(records)
-        # each loop runs in C (map consumed by an empty deque): a ledger holds hundreds
-        deque(map(setitem, records, repeat(CALLS, n), repeat(0, n)), maxlen=0)
-        if any(map(_ns, records)):
-            deque(map(setitem, records, repeat(NS, n), repeat(0, n)), maxlen=0)
-        for rec in records:
-            if len(rec) > 3:  # a mask's tally (engine.masks.TALLY)
-                rec[3].reset()
-        for frame in self.frames:
-            frame.calls = 0
-            frame.span[0] = 0
-
-
-def ledger_for(ledgers: dict, model: Optional[nn.Module], timer) -> Optional[Ledger]:
-    """The sharing policy: a counter counts into its model's ledger (``shared_ledger``) unless
-    it has no model (nothing to keep the ledger with) or times land in its records after the
-    block (a CudaTimer's events resolved later, or a trace pointing at the records); None means a
-    private ledger."""
-    if model is None or not (timer is None or type(timer) is Timer):
-        return None
-    return shared_ledger(ledgers, model)
-
-
-def shared_ledger(ledgers: dict, model: nn.Module) -> Optional[Ledger]:
-    """The ledger of ``model``, kept in ``ledgers`` (the engine's cache for
-    the registry's version: a registry change starts new ledgers) while the model lives; a new
-    one when it is too large (shapes that keep changing); None when it is counting already (a
-    nested counter keeps a ledger of its own)."""
-    with LEDGERS_LOCK:  # two threads entering counters on one model get a ledger each
-        key = id(model)
-        found = ledgers.get(key)
-        if found is not None and found[0]() is model:
-            ledger = found[1]
-            if ledger.busy:
-                return None
-            if len(ledger.records) < _LEDGER_RECORDS_CAP:
-                ledger.settle()
-                ledger.busy = True
-                return ledger
-        ledger = Ledger()
-        ledger.busy = True
-        ledger.home = (ledgers, key)
-
-        def forget(_: weakref.ref) -> None:  # the model is gone: so is its ledger
-            ledgers.pop(key, None)
-
-        ledgers[key] = (weakref.ref(model, forget), ledger)
-        return ledger
-
-
-# in ModuleTracker._steps: the closure a step was given is running (not the step's phase)
-_CLOSURE = object()
-
-
-# guards the ledgers and a ledger's hand-over of a finished counter's counts (``settle``)
-LEDGERS_LOCK = threading.RLock()  # re-entered: a formula priced under it may count
-
-
-class ModuleTracker:
+class ModuleTracker(OptimizerSteps):
     """Maintains the running frame of ``model`` through hooks it removes on detach, and tells
-    ``mode`` (through ``mode.forward_acc``) where ops with no autograd node go.
+    the dispatch mode (through ``state.forward_acc``: ``engine.state``) where ops with no
+    autograd node go; notes the module boundaries backward ops are attributed by.
 
-    >>> tracker = ModuleTracker(model, mode)
+    >>> tracker = ModuleTracker(model, mode, CountingState(Ledger()))
     >>> tracker.attach(); model(x); tracker.detach()
 
-    What the rest of the engine reads, as attributes (the dispatch mode reads them on its hot
-    path): ``current`` (the running frame), ``root`` (the root's frame), ``ledger``,
-    ``boundary_seqs`` and ``boundary_frames`` (backward attribution: see ``enter``),
-    ``recompute_home``, ``root_calls``, ``every_module``, ``model``, ``mode``, ``timer``,
-    ``thread``, ``shared`` and ``graph_runs``. The module facts of a result are read from it
-    by ``engine.facts``; saved activations are counted by ``engine.saved``.
+    What the rest of the engine reads, as attributes: ``current`` (the running frame),
+    ``root`` (the root's frame), ``ledger``, ``state``, ``root_calls``, ``every_module``,
+    ``model``, ``mode``, ``timer``, ``thread``, ``shared`` and ``graph_runs``. The module
+    facts of a result are read from it by ``engine.module_facts``; saved activations are counted by
+    ``engine.saved``.
     """
 
-    def __init__(self, model: Optional[nn.Module], mode: CountingMode,
-                 timer: Optional[Timer] = None, ledger: Optional[Ledger] = None,
+    def __init__(self, model: Optional[nn.Module], mode: CountingMode, state: CountingState,
+                 timer: Optional[Timer] = None, shared: bool = False,
                  guard: Optional[FrameType] = None, every_module: bool = False):
         self.model = model
         # what a counter sees: module calls of the thread that entered it (and autograd's
@@ -390,14 +175,12 @@ class ModuleTracker:
         self.mode = mode
         self.timer = timer
         self._open: list = []  # (frame, start mark) of module calls running, when timing
-        self.shared = ledger is not None  # a model's ledger, reset on close; else private
-        self.ledger = ledger if ledger is not None else Ledger()
+        self.shared = shared  # a model's ledger, reset on close; else private
+        self.state = state  # the counter's: this tracker writes the parts engine.state says
+        assert state.ledger is not None, "a counter's state has a ledger"
+        self.ledger: Ledger = state.ledger
         self.root = self.ledger.root
         self.current = self.root
-        # frame entered at each module boundary, with the sequence number noted there; the
-        # sentinel makes ``frames[bisect_right(seqs, s) - 1]`` valid for any s
-        self.boundary_seqs: list[int] = [-1]
-        self.boundary_frames: list[Frame] = [self.root]
         self.root_calls = 0
         self._root_again = 0  # root calls running inside a root call (see _push)
         self._wrappers: list = []  # torch.compile wrappers of the model (see _wraps_model)
@@ -409,7 +192,7 @@ class ModuleTracker:
         self._first_frames: dict[str, Frame] = {}  # each module's first frame
         self._handles: list[RemovableHandle] = []
         # the optimizer steps running on this thread, innermost last: torch's wrapper of each
-        # step() (its frame runs exactly as long as the step), ``_CLOSURE`` where a step runs
+        # step() (its frame runs exactly as long as the step), ``CLOSURE`` where a step runs
         # the closure it was given (see _outside_the_step)
         self._steps: list = []
         # told of module calls when the counter watches saved activations (``watch_saved``)
@@ -419,8 +202,6 @@ class ModuleTracker:
         self.graph_runs: Optional[GraphRuns] = None
         self._recompute_depth = 0  # module calls running inside backward (checkpointing)
         self._resume = self.root  # the frame to go back to when recomputing ends
-        # (saved-tensors pack hook, frame): where the last recomputation's modules sit
-        self.recompute_home: tuple = (None, self.root)
         self._phase = FORWARD_I  # phase_of the tracker's state, asked when the state changes
         # with a model, ops run while none of its modules runs are ``other`` (see Outside)
         self.outside = self.ledger.outside if model is not None else self.root
@@ -435,8 +216,8 @@ class ModuleTracker:
         if phase_changed:
             steps = self._steps
             self._phase = phase_of(node=False, recompute=self._recompute_depth > 0,
-                                   optimizer=bool(steps) and steps[-1] is not _CLOSURE)
-        self.mode.forward_acc = self.current.acc[self._phase]
+                                   optimizer=bool(steps) and steps[-1] is not CLOSURE)
+        self.state.forward_acc = self.current.acc[self._phase]
 
     # -- lifecycle --------------------------------------------------------------------------
     def attach(self) -> None:
@@ -483,9 +264,8 @@ class ModuleTracker:
             self.ledger.retire()
             return
         self._steps.clear()  # a step the block ended in: its frame is not kept alive
-        self.mode.watch_steps(False)
-        self.mode.tracker = None  # no cycle left for the garbage collector to find
-        self.mode._last = (None, None, -1)  # nor the last autograd node kept alive
+        self.state.watch_steps(False)
+        self.mode.unbind()
         if self.shared:
             self.ledger.busy = False
 
@@ -495,10 +275,11 @@ class ModuleTracker:
         graph's node running in its module's frame), and note the boundary: the autograd
         nodes made from now on are ``frame``'s (``boundary_seqs``, ``boundary_frames``)."""
         self.current = frame
-        self.mode.forward_acc = frame.acc[self._phase]  # _aim, inlined: every module call
-        self.boundary_seqs.append(_sequence_nr())
-        self.boundary_frames.append(frame)
-        if len(self.boundary_frames) > 2 * BOUNDARY_WINDOW:
+        state = self.state
+        state.forward_acc = frame.acc[self._phase]  # _aim, inlined: every module call
+        state.boundary_seqs.append(_sequence_nr())
+        state.boundary_frames.append(frame)
+        if len(state.boundary_frames) > 2 * BOUNDARY_WINDOW:
             self._forget_oldest_boundaries()
 
     def _forget_oldest_boundaries(self) -> None:
@@ -507,8 +288,8 @@ class ModuleTracker:
         mode holds the lists). Backward ops of a node created before them go to the root's
         frame (the sentinel kept at the front): only a graph built over more than 50,000
         module calls before its backward runs loses any attribution."""
-        del self.boundary_seqs[1: -BOUNDARY_WINDOW]
-        del self.boundary_frames[1: -BOUNDARY_WINDOW]
+        del self.state.boundary_seqs[1: -BOUNDARY_WINDOW]
+        del self.state.boundary_frames[1: -BOUNDARY_WINDOW]
 
     def sees(self, start) -> bool:
         """Whether a call made at Python frame ``start`` is this counter's: on its thread
@@ -614,8 +395,9 @@ class ModuleTracker:
             self.current = first.parent if first is not None and first.parent else self.root
             # for the ops between its module calls, with the recomputation they belong to
             hooks = top_saved_tensors_hooks(False)
-            self.recompute_home = (hooks[0] if hooks is not None else None, self.current)
-            self.mode.recomputing = True
+            self.state.recompute_home = (hooks[0] if hooks is not None else None,
+                                         self.current)
+            self.state.recomputing = True
         self._recompute_depth += 1
         self._aim(phase_changed=True)
         if name != ROOT:
@@ -681,7 +463,7 @@ class ModuleTracker:
         autograd node runs any more: a BaseException ended the recomputation, and torch ran
         none of the always-call hooks that would have ended it."""
         self._recompute_depth = 0
-        self.mode.recomputing = False
+        self.state.recomputing = False
         self.current = self._resume
         self._aim(phase_changed=True)
 
@@ -700,98 +482,6 @@ class ModuleTracker:
             return None
         current = self.current
         return current.root if isinstance(current, Outside) else current
-
-    # -- optimizer steps ------------------------------------------------------------------
-    def _step_begins(self, optimizer, args, kwargs):
-        step = _getframe(1)  # torch's wrapper of step()
-        if _get_ident() != self.thread or \
-                (self.guard is not None and not running(self.guard, step)):
-            return None  # another thread's step, or one run while the generator is suspended
-        self._drop_ended_steps(step)
-        self._steps.append(step)  # modules called inside the step stay in its phase
-        self._step_phase()
-        # torch hands the hook step's arguments with the optimizer first
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if callable(closure):  # what the closure runs is the training step, not the step's
-            wrapped = self._outside_the_step(closure)
-            if "closure" in kwargs:
-                return args, {**kwargs, "closure": wrapped}
-            return tuple(args[:1]) + (wrapped,) + tuple(args[2:]), kwargs
-        return None
-
-    def _outside_the_step(self, closure):
-        """``closure`` run out of the optimizer's phase: an optimizer's closure (LBFGS,
-        Lightning's automatic optimization) runs the model's forward and backward."""
-
-        def run(*args, **kwargs):
-            steps = self._steps
-            steps.append(_CLOSURE)
-            self._step_phase()
-            try:
-                return closure(*args, **kwargs)
-            finally:
-                while steps and steps.pop() is not _CLOSURE:
-                    pass  # steps the closure ran that raised
-                self._step_phase()
-
-        return run
-
-    def _step_ends(self, optimizer, args, kwargs) -> None:
-        step = _getframe(1)
-        steps = self._steps
-        if _get_ident() != self.thread or not any(s is step for s in steps):
-            return  # not a step this counter saw begin
-        while steps.pop() is not step:
-            pass  # steps inside it that raised
-        self._step_phase()
-        if not steps and not self._recompute_depth:
-            # a step is over: the graphs its backward ran are gone, and with them every node
-            # the boundaries so far could attribute (a graph kept across optimizer steps with
-            # retain_graph=True would see its later backward go to the root)
-            del self.boundary_seqs[1:]
-            del self.boundary_frames[1:]
-            if self.current is not self.root:
-                self.boundary_seqs.append(_sequence_nr())
-                self.boundary_frames.append(self.current)
-
-    def check_steps(self, start) -> tuple:
-        """The frames from Python frame ``start`` to the innermost optimizer step's, when that
-        step still runs on the tracker's thread (generators and coroutines left out: their
-        callers change), else (). The mode asks at the ops of a step (``start``: the op's
-        caller): a step that raised ran no post-hook, so it is over once its frame is no longer
-        on the stack, and forgotten here."""
-        steps = self._steps
-        if _get_ident() != self.thread or not steps or steps[-1] is _CLOSURE:
-            return ()
-        step, frame, inside = steps[-1], start, []
-        while frame is not None and frame is not step:
-            if not suspendable(frame):
-                inside.append(frame)
-            frame = frame.f_back
-        if frame is None:
-            self._drop_ended_steps(start)
-            return ()
-        inside.append(step)
-        return tuple(inside)
-
-    def _drop_ended_steps(self, start) -> None:
-        """Forget the steps that ended without their post-hook (the step, or a pre-hook after
-        this counter's, raised) as seen from Python frame ``start``."""
-        steps = self._steps
-        if not steps or steps[-1] is _CLOSURE or running(steps[-1], start):
-            return
-        while steps and steps[-1] is not _CLOSURE and not running(steps[-1], start):
-            steps.pop()
-        self._step_phase()
-
-    def _step_phase(self) -> None:
-        """The steps running changed: aim the mode at the phase, and, while one counts, have
-        it check at each op with no autograd node that the innermost step still runs
-        (``check_steps``: how a step that raised is seen to end; other phases' ops pay a flag
-        test)."""
-        self._aim(phase_changed=True)
-        steps = self._steps
-        self.mode.watch_steps(bool(steps) and steps[-1] is not _CLOSURE)
 
     def _close(self, frame: Frame) -> None:
         """End the span of ``frame``'s module call (and of any inner call left unclosed)."""
@@ -828,7 +518,7 @@ class ModuleTracker:
             frame = frame.child(name, self.ledger.frames)
         return frame
 
-    # -- the modules, named (read by engine.facts and engine.compiled) ---------------------
+    # -- the modules, named (read by engine.module_facts and engine.compiled) ---------------------
     def modules(self) -> Sequence[nn.Module]:
         """The modules this tracker names: the model's, in ``named_modules()`` order (walked
         by ``attach``); with ``every_module``, each module met so far, in the order met. The

@@ -82,6 +82,15 @@ class Profile(ProfileViews):
                           given(run, self.run), parts=given(parts, self.parts),
                           trace=given(trace, self._trace), ranks=given(ranks, self.ranks))
 
+    def alike(self, rows: tuple[Row, ...], module_facts: ModuleFacts, run: RunFacts,
+              trace: Optional[tuple] = None) -> Profile:
+        """A Profile of ``rows`` and facts that shares this one's views computed so far when
+        it holds the same data (``rows`` this one's tuple, equal facts): a counter's harvest
+        that counted what the last one did (the same data gives the same views)."""
+        same = rows is self._rows and module_facts == self.module_facts and run == self.run
+        return type(self)(rows, module_facts, run, trace=trace,
+                          views=self._views if same else None)
+
     def memo(self, key: Any, compute: Callable[[], T]) -> T:
         """``compute()``'s value, computed once per key (a Profile never changes)."""
         value = self._views.get(key)

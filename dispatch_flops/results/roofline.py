@@ -50,7 +50,7 @@ _SHORT_NAMES = {"fp64": ("float64",), "fp32": ("float32",), "bf16": ("bfloat16",
 SOURCES = ("datasheet", "calibrated", "user")  # where a DeviceSpec's figures come from
 
 
-def _dtype_name(dtype: DTypeLike) -> str:
+def dtype_name(dtype: DTypeLike) -> str:
     return str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else dtype
 
 
@@ -86,7 +86,7 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         peaks: dict[str, float] = {}
         for key, value in self.peak_flops_by_dtype.items():
-            name = _dtype_name(key)
+            name = dtype_name(key)
             for full in _SHORT_NAMES.get(name, (name,)):
                 peaks[full] = float(value)
         if self.source not in SOURCES:
@@ -137,7 +137,7 @@ class DeviceSpec:
         return cls(label, peaks, bandwidth, link, network, source="calibrated")
 
     def peak_flops(self, dtype: DTypeLike = torch.float32) -> float:
-        name = _dtype_name(dtype)
+        name = dtype_name(dtype)
         name = _SHORT_NAMES.get(name, (name,))[0]
         try:
             return self.peak_flops_by_dtype[name]

@@ -10,8 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from dispatch_flops.results.roofline import DEVICES, DeviceSpec, Roofline, match_device
-from dispatch_flops.results.roofline import _dtype_name as dtype_name
+from dispatch_flops.results.roofline import DEVICES, DeviceSpec, Roofline, dtype_name, match_device
 from dispatch_flops.results.rows import ROW
 from dispatch_flops.results.stats import PHASES, Stats
 

@@ -25,7 +25,7 @@ from dispatch_flops.results.roofline import (
     COMPUTE_BOUND,
     MEMORY_BOUND,
     DeviceSpec,
-    _dtype_name,
+    dtype_name,
 )
 from dispatch_flops.results.stats import PHASES, ROOT, Stats, depth_of
 
@@ -394,7 +394,7 @@ def roofline(counter, device: Optional[DeviceSpec] = None, dtype=None, *,
     ax.legend(loc="lower right", fontsize="small")
     what = "operators" if by == "operator" else f"modules at depth {depth}"
     ax.set_title(f"{counter.root_label}{_summed(counter)} on {spec.name} "
-                 f"({_dtype_name(dtype)}): {what}")
+                 f"({dtype_name(dtype)}): {what}")
     # points at one place (blocks.0.mlp and blocks.1.mlp: the same figures) share a label;
     # the heaviest first; labels step off the markers and each other, and what finds no
     # place is named in the legend instead

@@ -27,9 +27,9 @@ from typing import Optional
 
 from dispatch_flops.results import schema, stages
 from dispatch_flops.results.profile import Profile, as_profile
-from dispatch_flops.workflows.pipeline import pipeline_stage
+from dispatch_flops.workflows.pipeline import PipelineStageCounter, pipeline_stage
 
-__all__ = ["gather", "gathered", "pipeline_stage"]
+__all__ = ["gather", "gathered", "PipelineStageCounter", "pipeline_stage"]
 
 def gather(run, dst: int = 0, group=None, *, timeout: float = 300.0) -> Optional[Profile]:
     """Every rank of ``group`` (default: the world) calls it with its counter or Profile; on
@@ -125,8 +125,8 @@ def gathered(profiles) -> Profile:
     side), ``wall_s`` the longest rank's, ``world_size`` their number, and the DTensor-level
     (logical) ops are the first rank's (every rank runs the same global program).
 
-    Ranks that ran different models, or different pipeline stages (``pipeline_stage``: alike
-    stages too), are gathered side by side: each one's
+    Ranks that ran different models, or different pipeline stages (``PipelineStageCounter``:
+    alike stages too), are gathered side by side: each one's
     tree under a child of a common root labelled ``Pipeline`` (``stage<i>`` as its pipeline
     actions name it, else ``rank<r>``), every view summing over the whole pipeline, and
     ``ranks`` holding each rank's re-rooted Profile (its own tree only): ``imbalance``

@@ -237,14 +237,13 @@ class _Steps:
         return perf_counter_ns()
 
     def _snapshot(self) -> Profile:
-        timer = self.counter._timer
-        if timer is not None:  # CUDA events: their times, before they are subtracted
-            timer.resolve()
+        # CUDA events: their times, before they are subtracted
+        self.counter.resolve_times()
         return self.counter.to_profile()
 
     def _pre(self, module, args) -> None:
         kind = "step" if module is self.model else ENCODER if module is self.encoder else None
-        if kind is None or not self.counter._active:
+        if kind is None or not self.counter.counting:
             return
         if self.depth == 0:
             self.running = kind
@@ -265,7 +264,7 @@ class _Steps:
         self.running = self.before = None
 
     def _post_model(self, module, args, kwargs, output) -> None:
-        if self.running != "step" or not self.counter._active:
+        if self.running != "step" or not self.counter.counting:
             return
         facts = {}
         if self.depth == 1:
@@ -279,7 +278,7 @@ class _Steps:
         self._end("step", facts)
 
     def _post_encoder(self, module, args, output) -> None:
-        if self.running == ENCODER and self.counter._active:
+        if self.running == ENCODER and self.counter.counting:
             self._end(ENCODER, {})
 
 

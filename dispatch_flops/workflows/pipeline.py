@@ -4,10 +4,10 @@ produces or consumes it, and each action the schedule runs on the stage noted (f
 backward of which microbatch, its time, the bytes it sent and received).
 
 >>> from dispatch_flops import FlopCounter
->>> from dispatch_flops.distributed import gather, pipeline_stage
+>>> from dispatch_flops.distributed import gather, PipelineStageCounter
 >>> stage = PipelineStage(my_part, rank, world, device)
 >>> schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=loss_fn)
->>> with FlopCounter(stage.submod, timing=True) as fc, pipeline_stage(stage, fc):
+>>> with FlopCounter(stage.submod, timing=True) as fc, PipelineStageCounter(stage, fc):
 ...     schedule.step(x) if rank == 0 else schedule.step(target=y, losses=[])
 >>> run = gather(fc)          # stages with different modules: one tree per stage
 >>> run.pipeline()            # {stage: PipelineStage figures}: busy, idle (the bubble), bytes
@@ -18,9 +18,10 @@ sends in one batch with the next backward's receives), so by when they run every
 looks alike: no module running, no autograd node (phase ``other``). The stage's own methods
 say which is which before they run: ``get_fwd_recv_ops`` / ``get_fwd_send_ops`` return the
 transfers of a forward, ``get_bwd_recv_ops`` / ``get_bwd_send_ops`` those of a backward, each
-with the tensor it moves. ``pipeline_stage`` wraps those methods on the stage object (not its
-class; put back on exit) and tags each tensor for the counter's mode, which counts the
-transfer that moves it into the stage root's forward or backward (``CountingMode.p2p_tags``).
+with the tensor it moves. ``PipelineStageCounter`` wraps those methods on the stage object (not
+its class; put back on exit) and tags each tensor in the counter's state, whose mode counts
+the transfer that moves it into the stage root's forward or backward
+(``CountingState.tag_transfer``).
 Transfers the stage's set-up makes (shape inference in the first step) stay ``other``.
 """
 
@@ -29,9 +30,10 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Any
 
-from dispatch_flops.engine.tracker import BACKWARD_I, FORWARD_I
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.results.stats import BACKWARD, FORWARD
 
-__all__ = ["pipeline_stage"]
+__all__ = ["PipelineStageCounter", "pipeline_stage"]
 
 # the stage methods wrapped: transfers (their group: "F" forward, "B" backward) and actions
 _TRANSFERS = {"get_fwd_recv_ops": ("F", "received"), "get_fwd_send_ops": ("F", "sent"),
@@ -40,36 +42,35 @@ _ACTIONS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chun
 START, NS, SENT, RECEIVED = 3, 4, 5, 6  # slots of an action: see RunFacts.pipeline
 
 
-class pipeline_stage:
+class PipelineStageCounter:
     """Count ``stage`` (a ``torch.distributed.pipelining`` ``PipelineStage``) as a pipeline
     stage inside ``counter``'s block: a context manager entered inside it (see the module's
-    docstring). ``ValueError`` when ``counter`` is not counting or ``stage`` is not a
-    pipeline stage."""
+    docstring; ``pipeline_stage`` is its old name). ``ValueError`` when ``counter`` is not a
+    counting FlopCounter or ``stage`` is not a pipeline stage.
 
-    def __init__(self, stage: Any, counter: Any):
+    >>> with FlopCounter(stage.submod) as fc, PipelineStageCounter(stage, fc):
+    ...     schedule.step(x)
+    """
+
+    def __init__(self, stage: Any, counter: FlopCounter):
         missing = [m for m in (*_TRANSFERS, "forward_one_chunk", "backward_one_chunk")
                    if not callable(getattr(stage, m, None))]
         if missing:
             raise ValueError(f"pipeline_stage needs a torch.distributed.pipelining stage "
                              f"(PipelineStage); {type(stage).__name__} has no {missing}")
-        mode, tracker = getattr(counter, "_mode", None), getattr(counter, "_tracker", None)
-        if not getattr(counter, "_active", False) or mode is None or tracker is None:
+        if not isinstance(counter, FlopCounter) or not counter.counting:
             raise ValueError("pipeline_stage needs a FlopCounter that is counting: enter it "
                              "inside the counter's block (with FlopCounter(stage.submod) as fc,"
                              " pipeline_stage(stage, fc): ...)")
-        self.stage, self.mode, self.timer = stage, mode, counter._timer
-        # the block's start on the host clock (the timer's mark: an int, or a CUDA mark's)
-        wall_start = counter._wall_start
-        self._start = getattr(wall_start, "ns", wall_start) if self.timer is not None else 0
-        root = tracker.root
-        self._acc = {"F": root.acc[FORWARD_I], "B": root.acc[BACKWARD_I]}
+        self.stage, self.state, self.timer = stage, counter.state, counter.timer
+        self._start = counter.block_start_ns  # the block's start on the host clock
         self._open: dict = {}  # (group, microbatch): its action now being filled
         self._done: set = set()  # id() of the actions that ran their compute
         self._saved: dict = {}
         self._tags: list = []
 
     # -- the stage's methods, wrapped ---------------------------------------------------------
-    def __enter__(self) -> "pipeline_stage":
+    def __enter__(self) -> "PipelineStageCounter":
         own = vars(self.stage)
         for name in (*_TRANSFERS, *_ACTIONS):
             if not callable(getattr(self.stage, name, None)):
@@ -88,14 +89,12 @@ class pipeline_stage:
             else:
                 own[name] = before
         self._saved = {}
-        tags = self.mode.p2p_tags
-        for key in self._tags:  # transfers made but never run
-            tags.pop(key, None)
+        self.state.untag(self._tags)  # transfers made but never run
         self._tags = []
 
     def _transfer(self, name: str, original):
         group, direction = _TRANSFERS[name]
-        acc, tags = self._acc[group], self.mode.p2p_tags
+        phase, state = FORWARD if group == "F" else BACKWARD, self.state
 
         def transfers(chunk_id, *args, **kwargs):
             ops = original(chunk_id, *args, **kwargs)
@@ -104,7 +103,7 @@ class pipeline_stage:
                 tensor = getattr(op, "tensor", None)
                 if tensor is None:
                     continue
-                tags[id(tensor)] = (tensor, acc)
+                state.tag_transfer(tensor, phase)
                 self._tags.append(id(tensor))
                 moved += tensor.numel() * tensor.element_size()
             key = (group, chunk_id)
@@ -121,7 +120,7 @@ class pipeline_stage:
     def _new(self, group: str, microbatch: int) -> list:
         event = [getattr(self.stage, "stage_index", 0), group, microbatch, 0, 0, 0, 0]
         self._open[(group, microbatch)] = event
-        self.mode.pipeline.append(event)
+        self.state.note_pipeline(event)
         return event
 
     def _action(self, name: str, original):
@@ -154,3 +153,5 @@ class pipeline_stage:
 
         return acts
 
+
+pipeline_stage = PipelineStageCounter  # its old name, kept working

@@ -1,0 +1,146 @@
+"""The counting state: everything that changes while a counter counts, in one slotted object.
+
+A ``FlopCounter`` makes one ``CountingState`` per block and hands it to its dispatch mode and
+its module tracker; compiled graphs and workflows reach it through them. Each part has one
+writer; the others read it, or change it through the named methods below:
+
+=====================================  ==============================  ====================
+part                                   written by                      through
+=====================================  ==============================  ====================
+``forward_acc``                        the tracker (its running frame  ``enter``, ``_aim``
+                                       and phase)
+``boundary_seqs``, ``boundary_frames``  the tracker; compiled graphs    ``enter``;
+                                       (their backward's sink)         ``sink_backward``
+``recomputing``, ``recompute_home``    the tracker (checkpointing)     ``_push_recompute``
+``stepping``, ``in_step``              the tracker; the mode's         ``watch_steps``
+                                       rechecks
+``last``                               the mode (hot path)             ``forget_node``
+``p2p_tags``, ``pipeline``             workflows (pipeline stages);    ``tag_transfer``,
+                                       the mode uses tags up           ``note_pipeline``
+``ledger``, ``records``                the mode adds records           ``book``
+=====================================  ==============================  ====================
+
+``save``/``restore`` put every part a compiled graph's pricing run changes back as it was.
+The dispatch mode aliases the lists (``records``, the boundaries) when it binds, and loads
+the state once per op: its hot path pays one attribute load per part it reads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from torch import Tensor
+
+from dispatch_flops.engine.ledger import FORWARD_I
+from dispatch_flops.results.stats import PHASES
+
+if TYPE_CHECKING:
+    from dispatch_flops.engine.ledger import Frame, Ledger
+
+NO_NODE: tuple = (None, None, -1)  # ``last`` before any autograd node ran
+
+
+class CountingState:
+    """What one counter's counting changes, owned by the counter (see the module's table).
+
+    >>> state = CountingState(ledger)
+    >>> tracker = ModuleTracker(model, mode, state); mode.bind(tracker, state)
+    """
+
+    __slots__ = ("ledger", "records", "forward_acc", "boundary_seqs", "boundary_frames",
+                 "last", "recomputing", "recompute_home", "stepping", "in_step", "p2p_tags",
+                 "pipeline")
+
+    def __init__(self, ledger: Optional[Ledger] = None):
+        self.ledger = ledger
+        root = ledger.root if ledger is not None else None
+        # every op record made, in order (the ledger's: see Ledger)
+        self.records: list = ledger.records if ledger is not None else []
+        # where ops with no autograd node go (forward, optimizer, recompute): the running
+        # frame's accumulator for the tracker's phase (see tracker.phase_of)
+        self.forward_acc: dict = root.acc[FORWARD_I] if root is not None else {}
+        # the frame entered at each module boundary, with the autograd sequence number noted
+        # there; the sentinel makes ``frames[bisect_right(seqs, s) - 1]`` valid for any s
+        self.boundary_seqs: list[int] = [-1]
+        self.boundary_frames: list = [root]
+        # (node, accumulator, sequence number) of the last autograd node the mode saw
+        self.last: tuple = NO_NODE
+        self.recomputing = False  # activation checkpointing is re-running forward
+        # (saved-tensors pack hook, frame): where the last recomputation's modules sit
+        self.recompute_home: tuple = (None, root)
+        self.stepping = False  # the innermost optimizer step counts (see CountingMode._recheck)
+        self.in_step: tuple = ()  # Python frames seen running inside that step
+        # point-to-point transfers a workflow told apart before they run (pipeline stages):
+        # {id(tensor): (tensor, accumulator)}, each transfer counted into that accumulator
+        self.p2p_tags: dict = {}
+        # the pipeline actions a workflow noted, as run facts (see RunFacts.pipeline)
+        self.pipeline: list = []
+
+    # -- compiled graphs --------------------------------------------------------------------
+    def save(self) -> tuple:
+        """What a compiled graph's pricing run changes (``restore`` puts it back)."""
+        return (self.forward_acc, len(self.boundary_seqs), self.last, self.recomputing)
+
+    def restore(self, saved: tuple) -> None:
+        """Put back what ``save`` returned: the boundaries noted since are dropped."""
+        self.forward_acc, n, self.last, self.recomputing = saved
+        del self.boundary_seqs[n:]
+        del self.boundary_frames[n:]
+
+    def sink_backward(self, first: int, last: int, sink: Frame, current: Frame) -> None:
+        """Backward ops of nodes numbered ``first`` to ``last - 1`` (made by a compiled
+        graph's run: their work is in its backward counts) go to ``sink``; later ones to
+        ``current``. Attribution is left as it is when a boundary was noted inside the run."""
+        seqs, frames = self.boundary_seqs, self.boundary_frames
+        if seqs[-1] > first:
+            return
+        seqs.append(first)
+        frames.append(sink)
+        seqs.append(last)
+        frames.append(current)
+
+    # -- the mode ---------------------------------------------------------------------------
+    def forget_node(self) -> None:
+        """Let go of the last autograd node seen (it would be kept alive)."""
+        self.last = NO_NODE
+
+    def watch_steps(self, on: bool) -> None:
+        """Whether the innermost optimizer step counts now: while it does, each op with no
+        autograd node first checks that the step still runs (``CountingMode._recheck``)."""
+        self.stepping = on
+        self.in_step = ()
+
+    def take_tag(self, args, acc: dict) -> dict:
+        """The accumulator a tagged tensor among a communication op's arguments names (its
+        tag used up: a tensor is sent or received once), else ``acc``."""
+        tags = self.p2p_tags
+        for a in args:
+            for t in (a if a.__class__ is list or a.__class__ is tuple else (a,)):
+                if isinstance(t, Tensor):
+                    tag = tags.pop(id(t), None)
+                    if tag is not None and tag[0] is t:
+                        return tag[1]
+        return acc
+
+    # -- workflows --------------------------------------------------------------------------
+    def tag_transfer(self, tensor: Tensor, phase: str) -> None:
+        """Count the point-to-point transfer that will move ``tensor`` into the root's
+        ``phase`` (a name in ``PHASES``: ``"forward"``, ``"backward"``), whatever is running
+        when it runs."""
+        assert self.ledger is not None, "a counter's state has a ledger"
+        self.p2p_tags[id(tensor)] = (tensor, self.ledger.root.acc[PHASES.index(phase)])
+
+    def untag(self, tensor_ids) -> None:
+        """Forget the tags of transfers made but never run (``id()`` of their tensors)."""
+        tags = self.p2p_tags
+        for key in tensor_ids:
+            tags.pop(key, None)
+
+    def note_pipeline(self, action: list) -> None:
+        """Keep ``action`` (a list its workflow goes on filling: see RunFacts.pipeline) as
+        one of the run's pipeline actions."""
+        self.pipeline.append(action)
+
+    def pipeline_actions(self) -> tuple:
+        """The pipeline actions noted, as tuples."""
+        return tuple(map(tuple, self.pipeline))
