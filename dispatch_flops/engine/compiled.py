@@ -10,14 +10,12 @@ graphs it compiles meanwhile (a graph break at each module call, baked into the 
 counter takes its hooks out of torch's global hook dicts for the duration of every compile
 (dynamo's compile start and end callbacks) and puts them back after.
 
-Per torch version: 2.9 and later, as above (the counted step runs compiled). 2.6 to 2.8 (no
+Per torch version: 2.9 and later, as above (the counted step runs compiled). 2.8 (no
 ``ignore_compile_internals``): dynamo skips every frame under the mode, so the counted step
 runs eagerly and is counted as eager, and caches the skip on each code object as an
 exec strategy; ``_watch_skips`` notes those codes and ``_restore_skipped`` sets their strategy
 back when the last counter leaves, so the compiled code (never dropped) runs again. Tested on
 2.8.0 (tests/test_compiled.py::test_stays_compiled_after_counting fails there without it).
-(The package declares torch >= 2.8; torch 2.4 and 2.5 had no per-code strategy to set back,
-and nothing is watched where a torch lacks it.)
 
 **Count what compiled code runs.** Every graph dynamo hands to a backend (inductor or any
 other) is wrapped in a ``Graph`` (``install``, once, when this package and dynamo are both imported:
@@ -550,7 +548,7 @@ class _FrameMap:
 
 def _module_name(tracker: ModuleTracker, key, value) -> Optional[str]:
     """The user's name of a module in an ``nn_module_stack`` entry: its key is the module's
-    id on torch >= 2.5 (``value``: ``(path, type)``); an older key is a path, not resolved."""
+    id (``value``: ``(path, type)``), or its path for a specialised module (not resolved)."""
     try:
         return tracker.module_name(int(key))
     except (TypeError, ValueError):
@@ -690,12 +688,11 @@ def _watch_skips() -> None:
     """Without ``ignore_compile_internals`` dynamo skips every frame it meets under a
     dispatch mode (its compiled code too: the frame runs eagerly, counted as eager) and
     caches the skip on the frame's code object: ``FrameExecStrategy(SKIP, DEFAULT)``, kept
-    for every later call. torch 2.6 to 2.8 set it from the frame callback's answer (in
+    for every later call. torch 2.8 sets it from the frame callback's answer (in
     ``CatchErrorsWrapper``, where the mode check is) and can set it back
     (``set_code_exec_strategy``): the callback is wrapped to note the codes skipped while a
     counter counts, and ``_restore_skipped`` gives them back the default when the last
-    counter leaves; their compiled code, never dropped, runs again. Older torch has no
-    per-code strategy to set back: nothing is watched there."""
+    counter leaves; their compiled code, never dropped, runs again."""
     found = [lookup(name) for name in (
         "torch._C._dynamo.eval_frame.set_code_exec_strategy",
         "torch._dynamo.types.FrameAction", "torch._dynamo.types.FrameExecStrategy",

@@ -25,6 +25,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Optional
 
+from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.results import schema, stages
 from dispatch_flops.results.profile import Profile, as_profile
 from dispatch_flops.workflows.pipeline import PipelineStageCounter, pipeline_stage
@@ -60,7 +61,14 @@ def gather(run, dst: int = 0, group=None, *, timeout: float = 300.0) -> Optional
     if rank not in ranks:
         raise ValueError(f"rank {rank} is not in the group (its ranks: {ranks})")
     base = f"{_PREFIX}{getattr(group, 'group_name', 'world')}/"
-    store = dist.distributed_c10d._get_default_store()
+    get_store = lookup("torch.distributed.distributed_c10d._get_default_store")
+    if get_store is None:  # renamed in this torch (warned once, naming gather)
+        import torch
+
+        raise RuntimeError(f"dispatch_flops.gather needs torch.distributed's default store, "
+                           f"which torch {torch.__version__} renamed: gather each rank's "
+                           f"Profile.to_json() yourself and merge them with Profile.merge")
+    store = get_store()
     if profile.run.rank is None:
         profile = profile.replace(run=replace(profile.run, rank=rank, world_size=len(ranks)))
     payload = json.dumps(profile.to_dict())
