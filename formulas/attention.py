@@ -23,14 +23,20 @@ from .costs import ELEMENT_COSTS
 aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 
-def attention_pairs(b: int, h: int, s_q: int, s_k: int, causal: bool) -> int:
-    """(query, key) pairs that are computed; causal means the top-left-aligned tril mask."""
+def attention_pairs(b: int, h: int, s_q: int, s_k: int, causal, bottom_right: bool = False
+                    ) -> int:
+    """(query, key) pairs that are computed; causal means the top-left-aligned tril mask (row i
+    keeps keys 0..i), or with ``bottom_right`` the mask aligned to the last key (row i keeps keys
+    0..i + s_k - s_q: ``custom_mask_type`` 2 of the memory-efficient kernel)."""
     if not causal:
         return b * h * s_q * s_k
-    # row i attends to keys 0..i (at most s_k of them)
-    full_rows = max(0, s_q - s_k)  # rows i >= s_k see all keys
-    partial = min(s_q, s_k)
-    return b * h * (partial * (partial + 1) // 2 + full_rows * s_k)
+    # row i keeps min(max(i + c, 0), s_k) keys, i = 0 .. s_q - 1
+    c = 1 + (s_k - s_q if bottom_right else 0)
+    lo, hi = c, c + s_q - 1
+    first, last = max(lo, 1), min(hi, s_k)  # rows keeping 1 .. s_k - 1 (or s_k) keys
+    rising = (first + last) * (last - first + 1) // 2 if last >= first else 0
+    full = max(0, hi - max(lo, s_k + 1) + 1) * s_k  # rows past the last key keep them all
+    return b * h * (rising + full)
 
 
 def pairs_cost(pairs: int, useful: int, macs_per_pair: int, flops_per_pair: int) -> Cost:
@@ -42,22 +48,24 @@ def pairs_cost(pairs: int, useful: int, macs_per_pair: int, flops_per_pair: int)
                 masked_macs=masked * macs_per_pair)
 
 
-def _pairs(q, k, causal: bool) -> tuple[int, int]:
-    """(pairs computed, pairs unmasked) of a call: ``causal`` is the call's is_causal; the
-    kernels compute the masked pairs too (see the module's docstring)."""
+def _pairs(q, k, causal) -> tuple[int, int]:
+    """(pairs computed, pairs unmasked) of a call: ``causal`` is the call's is_causal, or the
+    memory-efficient kernel's ``custom_mask_type`` (1 top-left, 2 bottom-right); the kernels
+    compute the masked pairs too (see the module's docstring)."""
     b, h, s_q = q[0], q[1], q[2]
     s_k = k[-2]
-    return attention_pairs(b, h, s_q, s_k, False), attention_pairs(b, h, s_q, s_k, causal)
+    return attention_pairs(b, h, s_q, s_k, False), attention_pairs(
+        b, h, s_q, s_k, bool(causal), bottom_right=causal == 2)
 
 
-def attention_forward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
+def attention_forward_cost(q, k, v, *, causal, masked: bool) -> Cost:
     d, d_v = q[-1], v[-1]
     pairs, useful = _pairs(q, k, causal)
     per_pair = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"] + int(masked)
     return pairs_cost(pairs, useful, d + d_v, per_pair)
 
 
-def attention_backward_cost(q, k, v, *, causal: bool, masked: bool) -> Cost:
+def attention_backward_cost(q, k, v, *, causal, masked: bool) -> Cost:
     d, d_v = q[-1], v[-1]
     pairs, useful = _pairs(q, k, causal)
     per_pair = (
@@ -152,7 +160,7 @@ def efficient_attention_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_s
                                 int_values=None, **kw) -> Cost:
     layout = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             int_values, (4, 5))
-    return _summed(attention_forward_cost, layout, causal=custom_mask_type != 0,
+    return _summed(attention_forward_cost, layout, causal=custom_mask_type,
                    masked=bias is not None)
 
 
@@ -207,7 +215,7 @@ def efficient_attention_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_
                                  int_values=None, **kw) -> Cost:
     layout = _kernel_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             int_values, (6, 7))
-    return _summed(attention_backward_cost, layout, causal=custom_mask_type != 0,
+    return _summed(attention_backward_cost, layout, causal=custom_mask_type,
                    masked=bias is not None)
 
 

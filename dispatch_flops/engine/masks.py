@@ -102,27 +102,68 @@ def rates(q, k, v, backward: bool, masked: bool) -> tuple[int, int]:
     return 2 * macs + per_pair, macs
 
 
-def masked_in(mask: Tensor, total: int):
-    """Masked pairs of ``mask`` broadcast over ``total`` pairs: a boolean mask masks where
-    False; an additive one where -inf or at most half the dtype's lowest value (the stand-in
-    for -inf that transformers and others add)."""
+# An additive entry at most this is a masked pair, in every dtype: half fp16's lowest value.
+# exp() of a score this far down is 0 in any float dtype; it takes in -inf, the finfo(dtype).min
+# that transformers adds, and the finite -65504 that torch's cuDNN path puts where a boolean
+# mask is False (``convert_boolean_attn_mask_cudnn``), so one mask counts the same on every
+# kernel and in every dtype.
+MASKED_AT_MOST = torch.finfo(torch.float16).min / 2
+
+
+def masked_entries(mask: Tensor) -> Tensor:
+    """Where ``mask`` masks: a boolean mask where False; an additive one where at most
+    ``MASKED_AT_MOST`` (or -inf)."""
     if mask.dtype == torch.bool:
-        count = mask.numel() - mask.sum()
-    else:
-        limit = torch.finfo(mask.dtype).min / 2 if mask.dtype.is_floating_point else 0
-        count = (mask <= limit).sum()
-    return count * (total // mask.numel()) if mask.numel() else 0
+        return ~mask
+    if mask.dtype.is_floating_point:
+        return mask <= MASKED_AT_MOST
+    return mask < 0  # an integer bias: any negative entry (never met from torch's callers)
 
 
-def _sdpa_tally(q_at: int, mask_at, backward: bool, layout: str = "bhsd") -> Callable:
-    """A tally for an SDPA op whose query is argument ``q_at`` and mask argument (or kwarg
-    name) ``mask_at``; ``layout`` "bshd" for the kernels that take [b, s, h, d]."""
+def causal_keeps(s_q: int, s_k: int, device, bottom_right: bool = False) -> Tensor:
+    """The (s_q, s_k) pairs a causal rule keeps: torch's top-left-aligned ``tril`` (SDPA's
+    ``is_causal``), or aligned to the bottom right (``custom_mask_type`` 2)."""
+    shift = s_k - s_q if bottom_right else 0
+    return torch.ones(s_q, s_k, dtype=torch.bool, device=device).tril(shift)
+
+
+def masked_in(mask: Tensor, total: int, causal: Optional[Tensor] = None):
+    """Masked pairs of ``mask`` broadcast over ``total`` pairs (``masked_entries``). With
+    ``causal`` (the pairs a causal rule keeps, whose complement the formula already counts
+    masked), only the pairs that rule keeps and the mask removes: a pair masked twice is one
+    masked pair."""
+    if not mask.numel():
+        return 0
+    hit = masked_entries(mask)
+    if causal is not None:
+        hit = hit & causal  # broadcast over the mask's batch and heads
+    return hit.sum() * (total // hit.numel())
+
+
+def _argument(op, names: tuple) -> tuple:
+    """(position, name) of the first of ``names`` in ``op``'s schema; (None, None) if none."""
+    for i, a in enumerate(op._schema.arguments):
+        if a.name in names:
+            return (None if a.kwarg_only else i), a.name
+    return None, None
+
+
+def _read(args, kwargs, where: tuple, default=None):
+    at, name = where
+    if at is not None and len(args) > at:
+        return args[at]
+    return kwargs.get(name, default) if kwargs and name is not None else default
+
+
+def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
+    """A tally for an SDPA op (``op``: its overload, whose schema names its query, mask and
+    causal flag); ``layout`` "bshd" for the kernels that take [b, s, h, d]."""
+    q_at = _argument(op, ("query", "q"))[0]
+    mask_at = _argument(op, ("attn_mask", "attn_bias", "bias"))
+    causal_at = _argument(op, ("is_causal", "custom_mask_type"))
 
     def tally(rec, args, kwargs, out) -> None:
-        if isinstance(mask_at, str):
-            mask = kwargs.get(mask_at) if kwargs else None
-        else:
-            mask = args[mask_at] if len(args) > mask_at else None
+        mask = _read(args, kwargs, mask_at)
         if mask is None or not has_values(mask):
             return
         q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
@@ -136,8 +177,10 @@ def _sdpa_tally(q_at: int, mask_at, backward: bool, layout: str = "bhsd") -> Cal
         if found is None:
             rec.append(Tally(*rates(qs, ks, vs, backward, True)))
             found = rec[TALLY]
+        causal = _read(args, kwargs, causal_at, False)
         with _disable_current_modes(), torch.no_grad():
-            found.add(masked_in(mask, total))
+            keeps = causal_keeps(qs[2], ks[-2], mask.device, causal == 2) if causal else None
+            found.add(masked_in(mask, total, keeps))
 
     return tally
 
@@ -153,7 +196,10 @@ def _sdpa_tally(q_at: int, mask_at, backward: bool, layout: str = "bhsd") -> Cal
 class _Eager(threading.local):
     def __init__(self):
         self.scores = None  # (record, numel, last dim, contraction dim) of the last bmm
-        self.probs = None  # (storage pointer, numel, masked count) of a masked softmax
+        # (storage pointers, numel, masked count) of a masked softmax: its output's storage and
+        # its casts' (math casts the float32 probabilities to the inputs' half dtype, and may
+        # multiply either copy by the contraction that follows)
+        self.probs = None
 
 
 _EAGER = _Eager()
@@ -169,7 +215,7 @@ def _bmm_tally(rec, args, kwargs, out) -> None:
         _EAGER.scores = None
         return
     probs = _EAGER.probs
-    if probs is not None and a.numel() == probs[1] and _storage(a) == probs[0]:
+    if probs is not None and a.numel() == probs[1] and _storage(a) in probs[0]:
         _EAGER.probs = None
         d_v = b.shape[-1]
         found = rec[TALLY] if len(rec) > TALLY else None
@@ -198,7 +244,7 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
             target.append(Tally(*rate))
             found = target[TALLY]
         found.add(masked)
-    _EAGER.probs = (_storage(out), out.numel(), masked)
+    _EAGER.probs = ((_storage(out),), out.numel(), masked)
 
 
 def _follow_probs(rec, args, kwargs, out) -> None:
@@ -209,8 +255,8 @@ def _follow_probs(rec, args, kwargs, out) -> None:
     result = out[0] if isinstance(out, tuple) else out
     a = args[0]
     if isinstance(a, Tensor) and isinstance(result, Tensor) and has_values(a) and \
-            a.numel() == probs[1] and _storage(a) == probs[0]:
-        _EAGER.probs = (_storage(result), result.numel(), probs[2])
+            a.numel() == probs[1] and _storage(a) in probs[0]:
+        _EAGER.probs = (probs[0] + (_storage(result),), result.numel(), probs[2])
 
 
 def _tallies() -> dict:
@@ -223,21 +269,22 @@ def _tallies() -> dict:
         if op is not None:
             found[op] = tally
 
-    add("_scaled_dot_product_flash_attention_for_cpu", "default",
-        _sdpa_tally(0, "attn_mask", False))
-    add("_scaled_dot_product_flash_attention_for_cpu_backward", "default",
-        _sdpa_tally(1, "attn_mask", True))
-    for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                 "_scaled_dot_product_fused_attention_overrideable",
-                 "_scaled_dot_product_attention_math", "scaled_dot_product_attention"):
-        add(name, "default", _sdpa_tally(0, 3, False))
-    add("_scaled_dot_product_efficient_attention_backward", "default",
-        _sdpa_tally(1, 4, True))
-    add("_scaled_dot_product_fused_attention_overrideable_backward", "default",
-        _sdpa_tally(1, 4, True))
-    add("_scaled_dot_product_cudnn_attention_backward", "default", _sdpa_tally(1, 8, True))
-    add("_efficient_attention_forward", "default", _sdpa_tally(0, 3, False, "bshd"))
-    add("_efficient_attention_backward", "default", _sdpa_tally(1, 4, True, "bshd"))
+    sdpa = (("_scaled_dot_product_flash_attention_for_cpu", False, "bhsd"),
+            ("_scaled_dot_product_flash_attention_for_cpu_backward", True, "bhsd"),
+            ("_scaled_dot_product_efficient_attention", False, "bhsd"),
+            ("_scaled_dot_product_efficient_attention_backward", True, "bhsd"),
+            ("_scaled_dot_product_cudnn_attention", False, "bhsd"),
+            ("_scaled_dot_product_cudnn_attention_backward", True, "bhsd"),
+            ("_scaled_dot_product_fused_attention_overrideable", False, "bhsd"),
+            ("_scaled_dot_product_fused_attention_overrideable_backward", True, "bhsd"),
+            ("_scaled_dot_product_attention_math", False, "bhsd"),
+            ("scaled_dot_product_attention", False, "bhsd"),
+            ("_efficient_attention_forward", False, "bshd"),
+            ("_efficient_attention_backward", True, "bshd"))
+    for name, backward, layout in sdpa:
+        op = getattr(getattr(aten, name, None), "default", None)
+        if op is not None:
+            found[op] = _sdpa_tally(op, backward, layout)
     add("bmm", "default", _bmm_tally)
     add("_softmax", "default", _softmax_tally)
     add("_safe_softmax", "default", _softmax_tally)

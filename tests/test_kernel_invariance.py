@@ -1,0 +1,343 @@
+"""Model flops are the model's: one attention call gives the same model flops and MACs through
+every kernel torch may pick for it (issue 41), and a pair masked twice (by a mask and by the
+causal rule) is one masked pair, never negative model flops (issue 43).
+
+The CUDA kernels are called here on the CPU with a stand-in kernel below the counter (a
+dispatch mode that returns outputs of the right shapes, as in tests/test_varlen_attention.py),
+so the counter sees the real op, its arguments and the mask as torch hands that kernel: the
+memory-efficient kernel an expanded additive mask, cuDNN a boolean mask filled with -65504
+(torch's ``convert_boolean_attn_mask_cudnn``), the CPU flash kernel the mask as given, turned
+additive. Oracle: the unmasked pairs by a naive loop over the mask (and the causal rule). Run
+as a script to print the matrix: ``python tests/test_kernel_invariance.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dispatch_flops import FlopCounter
+from dispatch_flops.results.stats import Stats
+
+aten = torch.ops.aten
+B, S, D = 2, 16, 8
+
+
+class StandInKernels(TorchDispatchMode):
+    """Runs the CUDA-only attention kernels as empty outputs of their shapes (forward and
+    backward); every other op runs."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        a = args
+        if func is aten._scaled_dot_product_flash_attention.default or \
+                func is aten._scaled_dot_product_cudnn_attention.default:
+            q, v = a[0], a[2]
+            out = torch.empty(*q.shape[:-1], v.shape[-1])
+            lse, none = torch.empty(q.shape[:-1]), torch.empty(0)
+            return (out, lse, none, none, q.shape[2], a[1].shape[2], none, none, none)
+        if func is aten._scaled_dot_product_efficient_attention.default:
+            q, v = a[0], a[2]
+            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(q.shape[:-1]),
+                    torch.empty(()), torch.empty(()))
+        if func is aten._efficient_attention_forward.default:
+            q, v = a[0], a[2]
+            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(0), torch.empty(()),
+                    torch.empty(()), q.shape[1], a[1].shape[1])
+        if func is aten._flash_attention_forward.default:
+            q, v = a[0], a[2]
+            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(0), torch.empty(2),
+                    torch.empty(0), torch.empty(0))
+        grads = {aten._scaled_dot_product_flash_attention_backward.default: 3,
+                 aten._scaled_dot_product_cudnn_attention_backward.default: 3,
+                 aten._scaled_dot_product_efficient_attention_backward.default: 4,
+                 aten._efficient_attention_backward.default: 4,
+                 aten._flash_attention_backward.default: 3}.get(func)
+        if grads is not None:
+            q, k, v = a[1], a[2], a[3]
+            return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                    torch.empty(0))[:grads]
+        return func(*args, **(kwargs or {}))
+
+
+# -- oracles ------------------------------------------------------------------------------------
+def loop_pairs(allowed, s_q: int, s_k: int) -> int:
+    """Unmasked (query, key) pairs of one head: a naive loop over the predicate."""
+    return sum(1 for i in range(s_q) for j in range(s_k) if allowed(i, j))
+
+
+def window(w):
+    return lambda i, j: j <= i and i - j < w
+
+
+def keep_all(i, j):
+    return True
+
+
+def causal(i, j):
+    return j <= i
+
+
+def mask_of(allowed, s_q: int, s_k: int) -> torch.Tensor:
+    return torch.tensor([[bool(allowed(i, j)) for j in range(s_k)] for i in range(s_q)])
+
+
+def attention_stats(fc) -> Stats:
+    total = Stats()
+    for name, stats in fc.by_operator().items():
+        if "attention" in name:
+            total = total + stats
+    return total
+
+
+# -- one call through each kernel ---------------------------------------------------------------
+# (mask kind, allowed) : "none", "is_causal", "bool", "additive" (-inf), "finfo_min", and a
+# bool mask with is_causal too ("bool+is_causal")
+MASKS = {
+    "none": ("none", keep_all),
+    "is_causal": ("is_causal", causal),
+    "window 5 bool": ("bool", window(5)),
+    "window 5 additive -inf": ("additive", window(5)),
+    "window 5 additive finfo.min": ("finfo_min", window(5)),
+    "window 5 bool + is_causal": ("bool+is_causal", window(5)),
+}
+KERNELS = ("cpu flash", "flash", "efficient", "cudnn", "efficient kernel", "flash kernel")
+
+
+def _inputs(h_kv: int):
+    torch.manual_seed(0)
+    q = torch.randn(B, 4, S, D)
+    k, v = torch.randn(B, h_kv, S, D), torch.randn(B, h_kv, S, D)
+    return q, k, v
+
+
+def _additive(kind: str, allowed, dtype=torch.float32) -> torch.Tensor:
+    keep = mask_of(allowed, S, S)
+    fill = {"additive": float("-inf"), "finfo_min": torch.finfo(dtype).min,
+            "bool": float("-inf"), "cudnn": -65504.0}[kind]
+    return torch.zeros(S, S, dtype=dtype).masked_fill(~keep, fill)
+
+
+def kernel_call(kernel: str, kind: str, allowed, h_kv: int, dropout: float, backward: bool):
+    """Count one attention call (forward, or its backward) through ``kernel``'s aten overload,
+    with the mask as torch hands that kernel; None where the kernel takes no such call."""
+    q, k, v = _inputs(h_kv)
+    is_causal = kind in ("is_causal", "bool+is_causal")
+    has_mask = kind not in ("none", "is_causal")
+    if has_mask and kernel in ("flash", "flash kernel"):
+        return None  # flash kernels take no mask: torch picks another for a masked call
+    if kind == "bool+is_causal" and kernel in ("efficient kernel",):
+        return None  # the raw kernel takes a mask or a causal type (SDPA passes is_causal)
+    if dropout and kernel == "cpu flash":
+        return None  # no dropout on the CPU flash kernel: torch runs the math decomposition
+    mask = None
+    if has_mask:
+        base = "bool" if kind == "bool+is_causal" else kind
+        mask = _additive("cudnn" if kernel == "cudnn" and base == "bool" else base, allowed)
+        if kernel != "cpu flash":  # the CUDA paths expand the mask to [b, h, s_q, s_k]
+            mask = mask.expand(B, q.shape[1], S, S)
+    bshd = [t.transpose(1, 2) for t in (q, k, v)]
+    out, lse = torch.empty_like(q), torch.empty(B, q.shape[1], S)
+    none = torch.empty(0)
+    with StandInKernels(), FlopCounter() as fc:
+        if kernel == "cpu flash":
+            if not backward:
+                aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, is_causal,
+                                                                 attn_mask=mask)
+            else:
+                aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    out, q, k, v, out, lse, dropout, is_causal, attn_mask=mask)
+        elif kernel == "flash":
+            if not backward:
+                aten._scaled_dot_product_flash_attention(q, k, v, dropout, is_causal)
+            else:
+                aten._scaled_dot_product_flash_attention_backward(
+                    out, q, k, v, out, lse, None, None, S, S, dropout, is_causal, none, none)
+        elif kernel == "efficient":
+            if not backward:
+                aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, dropout,
+                                                             is_causal)
+            else:
+                aten._scaled_dot_product_efficient_attention_backward(
+                    out, q, k, v, mask, out, lse, none, none,
+                    dropout, [True, True, True, False], is_causal)
+        elif kernel == "cudnn":
+            if not backward:
+                aten._scaled_dot_product_cudnn_attention(q, k, v, mask, True, dropout,
+                                                         is_causal, False)
+            else:
+                aten._scaled_dot_product_cudnn_attention_backward(
+                    out, q, k, v, out, lse, none, none, mask, None, None, S, S, dropout,
+                    is_causal)
+        elif kernel == "efficient kernel":
+            mask_type = 1 if is_causal else 0
+            if not backward:
+                aten._efficient_attention_forward(*bshd, mask, None, None, S, S, dropout,
+                                                  mask_type, True)
+            else:
+                aten._efficient_attention_backward(
+                    out.transpose(1, 2), *bshd, mask, out.transpose(1, 2), None, None, S, S,
+                    lse, dropout, none, none, mask_type, False)
+        elif kernel == "flash kernel":
+            if not backward:
+                aten._flash_attention_forward(*bshd, None, None, S, S, dropout, is_causal,
+                                              False)
+            else:
+                # dense: no cumulative lengths (undefined tensors reach Python as None)
+                aten._flash_attention_backward(out.transpose(1, 2), *bshd, out.transpose(1, 2),
+                                               lse, None, None, S, S, dropout, is_causal,
+                                               none, none)
+    return attention_stats(fc)
+
+
+CONFIGS = [(mask, h_kv, dropout, backward)
+           for mask in MASKS for h_kv in (4, 1) for dropout in (0.0, 0.1)
+           for backward in (False, True)]
+
+
+def _name(config) -> str:
+    mask, h_kv, dropout, backward = config
+    return (f"{mask}, {'MHA' if h_kv == 4 else 'GQA 4:1'}, dropout {dropout}, "
+            f"{'backward' if backward else 'forward'}")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[_name(c) for c in CONFIGS])
+def test_every_kernel_gives_one_call_the_same_model_flops(config):
+    """Each kernel that can run the call: model MACs the unmasked pairs (naive loop) times
+    the MACs of a pair; model flops and hardware flops equal across kernels (they run the
+    same per-pair work); 0 <= model <= hardware."""
+    mask, h_kv, dropout, backward = config
+    kind, allowed = MASKS[mask]
+    figures = {}
+    for kernel in KERNELS:
+        stats = kernel_call(kernel, kind, allowed, h_kv, dropout, backward)
+        if stats is not None:
+            figures[kernel] = stats
+    assert len(figures) >= 2
+    per_pair = (3 * D + 2 * D) if backward else 2 * D
+    useful = B * 4 * loop_pairs(allowed, S, S)
+    for kernel, stats in figures.items():
+        assert stats.model_macs == useful * per_pair, kernel
+        assert stats.macs == B * 4 * S * S * per_pair, kernel
+        assert 0 <= stats.model_flops <= stats.flops, kernel
+    assert len({(s.flops, s.model_flops, s.model_macs) for s in figures.values()}) == 1, {
+        k: (s.flops, s.model_flops) for k, s in figures.items()}
+
+
+# -- a mask and the causal rule together (issue 43) -----------------------------------------
+def _sdpa_stats(q, k, v, mask, is_causal, backward=False) -> Stats:
+    q, k, v = (t.clone().requires_grad_(backward) for t in (q, k, v))
+    with FlopCounter() as fc:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+        if backward:
+            out.sum().backward()
+    return fc
+
+
+def _oracle(mask: torch.Tensor, b, h, s_q, s_k, is_causal) -> int:
+    """Unmasked pairs by a loop: kept by the mask (broadcast to [b, h, s_q, s_k]) and, with
+    is_causal, by torch's top-left causal rule."""
+    full = mask.expand(b, h, s_q, s_k) if mask.dim() == 4 else mask.expand(b, h, s_q, s_k)
+    keep = full if full.dtype == torch.bool else full > float("-inf")
+    n = 0
+    for bi, hi, i, j in itertools.product(range(b), range(h), range(s_q), range(s_k)):
+        if keep[bi, hi, i, j] and (not is_causal or j <= i):
+            n += 1
+    return n
+
+
+def test_an_all_false_mask_with_is_causal_masks_every_pair_once():
+    """The case of issue 43: an all-False 8x8 mask with is_causal gave model flops -580."""
+    q = torch.randn(1, 1, 8, 4)
+    fc = _sdpa_stats(q, q, q, torch.zeros(8, 8, dtype=torch.bool), True)
+    stats = attention_stats(fc)
+    assert stats.model_macs == 0 and stats.model_flops == 0
+    assert stats.masked_flops == stats.flops == 64 * (2 * 8 + 1 + 5 + 1)
+    assert fc.model_flops() >= 0
+
+
+@pytest.mark.parametrize("s_q,s_k", [(8, 8), (6, 10), (10, 6)])
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_mask_and_is_causal_count_the_pairs_both_keep(s_q, s_k, backward):
+    torch.manual_seed(1)
+    q, kv = torch.randn(2, 4, s_q, D), torch.randn(2, 2, s_k, D)
+    mask = torch.rand(2, 1, s_q, s_k) < 0.6  # per batch, broadcast over heads
+    stats = attention_stats(_sdpa_stats(q, kv, kv, mask, True, backward))
+    per_pair = 2 * D + (5 * D if backward else 0)
+    assert stats.model_macs == _oracle(mask, 2, 4, s_q, s_k, True) * per_pair
+    assert stats.macs == 2 * 4 * s_q * s_k * per_pair
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(s_q=st.integers(1, 9), s_k=st.integers(1, 9), h_kv=st.sampled_from([1, 2]),
+       is_causal=st.booleans(), additive=st.booleans(), density=st.floats(0.0, 1.0),
+       shape=st.sampled_from(["2d", "per batch", "per head", "row"]), seed=st.integers(0, 99))
+def test_model_flops_are_the_unmasked_pairs_and_never_negative(s_q, s_k, h_kv, is_causal,
+                                                                additive, density, shape,
+                                                                seed):
+    """Random masks x is_causal x shapes (broadcast masks, GQA, s_q != s_k): model MACs are
+    the pairs the mask and the causal rule both keep, by a loop; 0 <= model <= hardware."""
+    generator = torch.Generator().manual_seed(seed)
+    dims = {"2d": (s_q, s_k), "per batch": (2, 1, s_q, s_k), "per head": (2, 2, s_q, s_k),
+            "row": (1, 1, 1, s_k)}[shape]
+    keep = torch.rand(dims, generator=generator) < density
+    mask = torch.zeros(dims).masked_fill(~keep, float("-inf")) if additive else keep
+    q = torch.randn(2, 2, s_q, 4, generator=generator)
+    kv = torch.randn(2, h_kv, s_k, 4, generator=generator)
+    fc = _sdpa_stats(q, kv, kv, mask, is_causal)
+    stats = attention_stats(fc)
+    assert stats.model_macs == _oracle(mask, 2, 2, s_q, s_k, is_causal) * 8
+    assert 0 <= stats.model_flops <= stats.flops
+    assert 0 <= fc.model_flops() <= fc.hardware_flops()
+
+
+# -- the same mask in every dtype and through the math decomposition -----------------------------
+def test_cudnn_boolean_mask_fill_counts_as_masked():
+    """cuDNN gets a boolean mask as an additive one filled with -65504, a finite value: its
+    pairs are masked as -inf's are, in every dtype (bf16 rounds it to -65536)."""
+    kind, allowed = MASKS["window 5 bool"]
+    reference = kernel_call("cpu flash", kind, allowed, 4, 0.0, False)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        mask = _additive("cudnn", allowed, dtype)
+        q = torch.randn(B, 4, S, D, dtype=dtype)
+        with StandInKernels(), FlopCounter() as fc:
+            aten._scaled_dot_product_cudnn_attention(q, q, q, mask, True, 0.0, False, False)
+        assert attention_stats(fc).model_macs == reference.model_macs, dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_math_backend_masks_both_contractions_in_every_dtype(dtype):
+    """SDPA's math decomposition in a half dtype casts the float32 probabilities to the
+    inputs' dtype (the weights it returns) and multiplies the float32 copy by v: the masked
+    share of the second contraction is still found (it was half the causal pairs in bf16)."""
+    q = torch.randn(1, 2, S, D, dtype=dtype)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounter() as fc:
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    bmm = fc.by_operator()["aten.bmm"]
+    assert bmm.model_macs == 2 * loop_pairs(causal, S, S) * 2 * D
+
+
+def matrix() -> str:
+    """Model MACs / flops of every configuration through every kernel that runs it."""
+    lines = [f"{'configuration':60} {'kernel':17} {'hardware flops':>14} {'model flops':>12} "
+             f"{'model MACs':>11}"]
+    for config in CONFIGS:
+        mask, h_kv, dropout, backward = config
+        kind, allowed = MASKS[mask]
+        for kernel in KERNELS:
+            stats = kernel_call(kernel, kind, allowed, h_kv, dropout, backward)
+            if stats is not None:
+                lines.append(f"{_name(config):60} {kernel:17} {stats.flops:>14,} "
+                             f"{stats.model_flops:>12,} {stats.model_macs:>11,}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(matrix())
