@@ -312,14 +312,16 @@ def test_cudnn_boolean_mask_fill_counts_as_masked():
         assert attention_stats(fc).model_macs == reference.model_macs, dtype
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_math_backend_masks_both_contractions_in_every_dtype(dtype):
+@pytest.mark.parametrize("dtype,dropout", [(torch.float32, 0.0), (torch.bfloat16, 0.0),
+                                           (torch.float32, 0.3), (torch.bfloat16, 0.3)])
+def test_the_math_backend_masks_both_contractions_in_every_dtype(dtype, dropout):
     """SDPA's math decomposition in a half dtype casts the float32 probabilities to the
-    inputs' dtype (the weights it returns) and multiplies the float32 copy by v: the masked
-    share of the second contraction is still found (it was half the causal pairs in bf16)."""
+    inputs' dtype (the weights it returns) and multiplies the float32 copy by v; with dropout
+    it multiplies them by its dropout mask first: the masked share of the second contraction
+    is found either way (it was half the causal pairs in bf16 or with dropout)."""
     q = torch.randn(1, 2, S, D, dtype=dtype)
     with sdpa_kernel(SDPBackend.MATH), FlopCounter() as fc:
-        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        F.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=dropout)
     bmm = fc.by_operator()["aten.bmm"]
     assert bmm.model_macs == 2 * loop_pairs(causal, S, S) * 2 * D
 

@@ -234,7 +234,7 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
         return
     with _disable_current_modes(), torch.no_grad():
-        masked = (x <= torch.finfo(x.dtype).min / 2).sum()
+        masked = (x <= MASKED_AT_MOST).sum()
     if not isinstance(masked, Tensor) or masked.device.type == "cpu" and not int(masked):
         return
     for target, rate in ((scores[0], (2 * scores[3], scores[3])),
@@ -248,15 +248,20 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
 
 
 def _follow_probs(rec, args, kwargs, out) -> None:
-    """A cast or dropout of masked probabilities: their consumer reads its output."""
+    """A cast, dropout or dropout-mask product of masked probabilities (SDPA's math
+    decomposition multiplies them by its own dropout mask): their consumer may read its
+    output."""
     probs = _EAGER.probs
     if probs is None:
         return
     result = out[0] if isinstance(out, tuple) else out
-    a = args[0]
-    if isinstance(a, Tensor) and isinstance(result, Tensor) and has_values(a) and \
-            a.numel() == probs[1] and _storage(a) in probs[0]:
-        _EAGER.probs = (probs[0] + (_storage(result),), result.numel(), probs[2])
+    if not isinstance(result, Tensor) or result.numel() != probs[1]:
+        return
+    for a in args[:2]:
+        if isinstance(a, Tensor) and has_values(a) and a.numel() == probs[1] and \
+                _storage(a) in probs[0]:
+            _EAGER.probs = (probs[0] + (_storage(result),), probs[1], probs[2])
+            return
 
 
 def _tallies() -> dict:
@@ -290,6 +295,7 @@ def _tallies() -> dict:
     add("_safe_softmax", "default", _softmax_tally)
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
+    add("mul", "Tensor", _follow_probs)
     return found
 
 
