@@ -343,3 +343,20 @@ def matrix() -> str:
 
 if __name__ == "__main__":
     print(matrix())
+
+
+@pytest.mark.parametrize("s_q,s_k", [(6, 10), (10, 6), (8, 8)])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_the_efficient_kernels_bottom_right_causal_type(s_q, s_k, with_mask):
+    """``custom_mask_type`` 2 aligns the causal rule to the last key (row i keeps keys up to
+    i + s_k - s_q), alone or with a bias: the pairs both keep, by a loop."""
+    torch.manual_seed(2)
+    q, kv = torch.randn(1, s_q, 2, D), torch.randn(1, s_k, 2, D)
+    keep = torch.rand(s_q, s_k) < 0.5 if with_mask else torch.ones(s_q, s_k, dtype=torch.bool)
+    bias = torch.zeros(1, 2, s_q, s_k).masked_fill(~keep, float("-inf")) if with_mask else None
+    with StandInKernels(), FlopCounter() as fc:
+        aten._efficient_attention_forward(q, kv, kv, bias, None, None, s_q, s_k, 0.0, 2, True)
+    useful = 2 * loop_pairs(lambda i, j: keep[i, j] and j <= i + s_k - s_q, s_q, s_k)
+    stats = attention_stats(fc)
+    assert stats.model_macs == useful * 2 * D
+    assert stats.macs == 2 * s_q * s_k * 2 * D
