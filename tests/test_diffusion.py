@@ -338,6 +338,20 @@ def test_table_and_json(guided, tmp_path):
     assert back.denoising[1].timestep == pp.denoising[1].timestep
 
 
+def test_pipeline_plot(guided):
+    pytest.importorskip("matplotlib")
+    from dispatch_flops import plot
+
+    pp, _ = guided
+    fig = plot.pipeline(pp, metrics=("flops", "macs", "bytes"))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["text_encoder", "step 1", "step 2", "step 3", "vae.decode", "outside"]
+    bars = {round(b.get_width()) for b in fig.axes[0].patches if b.get_y() < 4}
+    assert pp.denoising[0].denoiser.flops in bars
+    with pytest.raises(ValueError, match="metric must be one of"):
+        plot.pipeline(pp, metrics=("watts",))
+
+
 def test_user_state_left_as_found(sd):
     pre, post = len(_global_forward_pre_hooks), len(_global_forward_hooks)
     with pytest.raises(RuntimeError, match="boom"):
