@@ -64,7 +64,6 @@ class Guidance(StringEnum):
 
 
 NONE, BATCHED, SEPARATE = Guidance.NONE, Guidance.BATCHED, Guidance.SEPARATE
-OUTSIDE = "outside"
 _DENOISERS = ("unet", "transformer", "prior")  # component names that denoise (and name_2 ...)
 _PER_STEP = _DENOISERS + ("controlnet",)  # called once or more in every step
 _VAE_METHODS = ("encode", "decode")  # a VAE's entry points: pipelines call them, not forward
