@@ -276,6 +276,22 @@ def test_dit_pipeline_batches_guidance():
         assert step.denoiser.macs == dit_macs(config, 4)
 
 
+def test_timing_measures_each_part():
+    torch.manual_seed(0)
+    pipe = DiTPipeline(transformer=DiTTransformer2DModel(**DIT, sample_size=8).eval(),
+                       vae=tiny_vae(), scheduler=DDIMScheduler())
+    pipe.set_progress_bar_config(disable=True)
+    pp = profile_pipeline(pipe, class_labels=[3], num_inference_steps=2, output_type="np",
+                          timing=True)
+    for step in pp.denoising:
+        assert step.profile.wall_s >= step.passes[0].wall_s + step.scheduler.wall_s > 0
+    assert pp.profile.wall_s >= sum(s.wall_s for s in pp.steps) + \
+        pp.components["vae.decode"].wall_s
+    roof = pp.roofline("H100-SXM")
+    assert roof.measured_step_s == pytest.approx(sum(s.wall_s for s in pp.steps) / 2)
+    assert "Time" in pp.table() and "Measured" in roof.table()
+
+
 def test_dit_xl_on_meta_matches_its_closed_form():
     """DiT-XL/2 at 256 x 256 from its published config, on the meta device: no weights, no
     memory; a loop through ``fn`` (a pipeline's post-processing reads pixels)."""
