@@ -55,6 +55,14 @@ from dispatch_flops.results.stats import (  # noqa: F401 (its constants: outside
                           Stats,
 )
 from dispatch_flops.results.utilisation import UtilisationWarning
+from dispatch_flops.workflows.diffusion import (
+                          Average,
+                          DenoisingStep,
+                          Guidance,
+                          PipelineProfile,
+                          PipelineRoofline,
+                          profile_pipeline,
+)
 from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: outside __all__)
                           DECODE,
                           ENCODER,
@@ -101,6 +109,13 @@ __all__ = [
     "GenerationProfile",
     "GenerationRoofline",
     "StepCost",
+    # diffusion pipelines
+    "profile_pipeline",
+    "PipelineProfile",
+    "PipelineRoofline",
+    "DenoisingStep",
+    "Average",
+    "Guidance",
     # your own formulas
     "Cost",
     "register_formula",

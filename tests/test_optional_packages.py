@@ -58,3 +58,28 @@ def test_dataframe_names_pandas(monkeypatch):
     block(monkeypatch, "pandas")
     with pytest.raises(ImportError, match=r"pip install pandas .*to_csv"):
         small_run().to_dataframe()
+
+
+def test_profile_pipeline_names_diffusers_and_bad_input(monkeypatch):
+    """profile_pipeline imports nothing from diffusers: an object with no denoiser is told
+    which modules it has and how to install diffusers; a loop that never calls the denoiser,
+    or an fn that is no loop, is named."""
+    from types import SimpleNamespace
+
+    from dispatch_flops import profile_pipeline
+
+    block(monkeypatch, "diffusers")
+    with pytest.raises(ValueError) as raised:
+        profile_pipeline(SimpleNamespace(text_encoder=torch.nn.Linear(2, 2)), fn=print)
+    message = str(raised.value)
+    assert "pip install diffusers" in message and "pip install -e '.[diffusers]'" in message
+    assert "['text_encoder']" in message and "unet" in message, message
+    pipe = SimpleNamespace(unet=torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="fn must be callable"):
+        profile_pipeline(pipe, fn=3)
+    with pytest.raises(ValueError, match="never called"):
+        profile_pipeline(pipe, fn=lambda: None)
+    linear = pipe.unet
+    pp = profile_pipeline(pipe, torch.ones(3, 2), fn=lambda x: [linear(x) for _ in range(2)][-1])
+    assert len(pp.steps) == 2 and pp.images == 3  # no timestep: each call a step
+    assert pp.steps[0].total.macs == 3 * 2 * 2

@@ -11,6 +11,7 @@ They read a ``Profile`` (or a finished counter's, ``fc.to_profile()``; a loaded 
 >>> plot.by_module(fc, depth=2).savefig("modules.png")
 >>> plot.icicle(fc, depth=3)
 >>> plot.roofline(fc, DeviceSpec.cpu(1e12, 50e9), by="operator")
+>>> plot.pipeline(profile_pipeline(pipe, "a cat"))   # a diffusion pipeline's parts
 """
 
 from __future__ import annotations
@@ -447,4 +448,52 @@ def experts(counter, *, layers: Optional[list] = None):
                      fontsize="medium")
         ax.set_ylabel("tokens")
     axes[-1].set_xlabel("expert")
+    return fig
+
+
+_PART_COLOR = {"denoiser": "#4C72B0", "guidance and scheduler": "#DD8452",
+               "component": "#55A868", "outside": "#8C8C8C"}
+
+
+def pipeline(pp, *, metrics: tuple = ("flops", "bytes")):
+    """Horizontal bars, one per part of a diffusion pipeline (a ``PipelineProfile``) in the
+    order it ran: each component, each denoising step (its denoiser passes, then the rest:
+    guidance and the scheduler's update), the work outside them. One axis per metric of
+    ``METRICS`` (``latency_s`` when timing was on)."""
+    for metric in metrics:
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    labels, parts = [], []  # parts: {segment: Stats} per bar
+    for kind, item in pp.order:
+        if kind == "component":
+            labels.append(item)
+            parts.append({"component": pp.components[item].total})
+        else:
+            step = pp.denoising[item]
+            rest = Stats(*[getattr(step.total, f) - getattr(step.denoiser, f)
+                           for f in ("calls", "flops", "macs", "bytes_read", "bytes_written")])
+            labels.append(f"step {item + 1}")
+            parts.append({"denoiser": step.denoiser, "guidance and scheduler": rest})
+    labels.append("outside")
+    parts.append({"outside": pp.outside.total})
+    fig = _figure(5.0 * len(metrics) + 1.5, 1.2 + 0.3 * len(labels))
+    axes = fig.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
+    rows, legend = range(len(labels)), {}
+    for ax, metric in zip(axes, metrics):
+        left = [0.0] * len(labels)
+        for segment, color in _PART_COLOR.items():
+            widths = [_value(p[segment], metric) if segment in p else 0.0 for p in parts]
+            if not any(widths):
+                continue
+            legend[segment] = ax.barh(rows, widths, left=left, color=color, label=segment)
+            left = [x + w for x, w in zip(left, widths)]
+        ax.set_xlabel(_METRIC_LABEL[metric])
+        ax.xaxis.set_major_formatter(_formatter(metric))
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(list(rows), labels)
+    axes[0].invert_yaxis()
+    axes[-1].legend(list(legend.values()), list(legend), loc="best", fontsize="small")
+    n = pp.images
+    fig.suptitle(f"{len(pp.steps)} denoising steps, {n} image{'s' if n != 1 else ''}, "
+                 f"guidance {pp.guidance}: {human(pp.total.flops)}FLOPs")
     return fig

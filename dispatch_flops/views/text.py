@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from tabulate import tabulate
 
 from dispatch_flops.results import conventions, experts, utilisation
-from dispatch_flops.results.format import duration, human, scientific
-from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+from dispatch_flops.results.format import duration, human, percent, scientific
+from dispatch_flops.results.roofline import DeviceSpec, DTypeLike, Roofline
 
 if TYPE_CHECKING:  # types only: a view never imports the workflows above it
     from dispatch_flops.results.profile import Profile
+    from dispatch_flops.workflows.diffusion import PipelineProfile, PipelineRoofline
     from dispatch_flops.workflows.generation import GenerationProfile, GenerationRoofline
     from dispatch_flops.workflows.throughput import ThroughputReading
 
@@ -118,21 +119,29 @@ def generation_roofline_table(roof: GenerationRoofline) -> str:
     measured ratio; under it the roofline's one line (its repr)."""
     timed = roof.measured_tokens_per_s is not None or roof.measured_time_to_first_token_s \
         is not None
-    rows = []
-    for i, r in enumerate(roof.steps):
-        cells = [_PREFILL if i == 0 else f"{_DECODE} {i}",
-                 "-" if r.arithmetic_intensity is None else f"{r.arithmetic_intensity:.2f}",
-                 duration(r.compute_s or 0.0), duration(r.memory_s or 0.0),
-                 duration(r.attainable_s), r.bound]
-        if timed:
-            measured = r.attainable_s / r.efficiency if r.efficiency else None
-            cells += ["-" if measured is None else duration(measured),
-                      "-" if r.efficiency is None else f"{100 * r.efficiency:.3g}%"]
-        rows.append(cells)
-    headers = ["Step", "FLOP/B", "Compute", "Memory", "Attainable", "Bound"]
+    rows = [_roofline_cells(_PREFILL if i == 0 else f"{_DECODE} {i}", r, timed)
+            for i, r in enumerate(roof.steps)]
+    return _roofline_text(roof, rows, "Step", timed)
+
+
+def _roofline_cells(label: str, r: Roofline, timed: bool) -> list:
+    """A part's row of a roofline table: flops per byte, compute, memory and attainable
+    times, the bound and (timed) the measured time and the attainable / measured ratio."""
+    cells = [label, "-" if r.arithmetic_intensity is None else f"{r.arithmetic_intensity:.2f}",
+             duration(r.compute_s or 0.0), duration(r.memory_s or 0.0),
+             duration(r.attainable_s), r.bound]
+    if timed:
+        measured = r.attainable_s / r.efficiency if r.efficiency else None
+        cells += ["-" if measured is None else duration(measured),
+                  "-" if r.efficiency is None else f"{100 * r.efficiency:.3g}%"]
+    return cells
+
+
+def _roofline_text(roof, rows: list, first: str, timed: bool) -> str:
+    headers = [first, "FLOP/B", "Compute", "Memory", "Attainable", "Bound"]
     if timed:
         headers += ["Measured", "Efficiency"]
-    align = tuple("left" if h in ("Step", "Bound") else "right" for h in headers)
+    align = tuple("left" if h in (first, "Bound") else "right" for h in headers)
     return "\n".join([f"{roof.device}: time = the sum of each op's max(flops / peak, "
                       "bytes / bandwidth)",
                       tabulate(rows, headers=headers, disable_numparse=True,
@@ -212,6 +221,91 @@ def _steps_line(gp: GenerationProfile, sequences: int) -> str:
     return (f"{n} new token{plural} per sequence ({sequences} sequence"
             f"{'s' if sequences != 1 else ''}): the prefill's, then {len(gp.decode)} "
             f"decode step{'s' if len(gp.decode) != 1 else ''} of one token each")
+
+
+# a pipeline's guidance kinds: workflows.diffusion's NONE, BATCHED and SEPARATE
+_GUIDANCE = {"batched": "classifier-free guidance batched: one pass over the conditional and "
+                        "unconditional halves",
+             "separate": "classifier-free guidance in separate passes",
+             "none": "no classifier-free guidance"}
+PIPELINE_STEPS_SHOWN = 6  # more denoising steps than this: the first, the mean and the last
+
+
+def _part_cells(label: str, calls: str, stats, whole: int, timed: bool, seconds) -> list:
+    moved = stats.bytes_read + stats.bytes_written
+    cells = [label, calls, human(stats.flops), human(stats.macs), human(stats.bytes_read, "B"),
+             human(stats.bytes_written, "B"), f"{stats.flops / moved:.2f}" if moved else "-",
+             percent(stats.flops, whole)]
+    if timed:
+        cells.append("-" if seconds is None else duration(seconds))
+    return cells
+
+
+def _passes(step) -> str:
+    """A step's denoiser calls: ``1 x 2`` one pass over a batch of 2, ``2 x 1`` two of one."""
+    if len(set(step.batches)) == 1:
+        return f"{len(step.batches)} x {step.batches[0]}"
+    return " + ".join(str(b) for b in step.batches)
+
+
+def pipeline_table(pp: PipelineProfile) -> str:
+    """The components and denoising steps of a pipeline in the order they first ran (more
+    than ``PIPELINE_STEPS_SHOWN`` steps: the first, the mean and the last), the work outside
+    them and the total; under it the counts per image and how guidance ran."""
+    timed, whole = pp.timing, pp.total.flops
+    steps = pp.denoising
+    rows = []
+    for kind, item in pp.order:
+        if kind == "component":
+            p = pp.components[item]
+            rows.append(_part_cells(item, str(pp.calls[item]), p.total, whole, timed,
+                                    p.wall_s))
+        elif item == 0:
+            shown = steps if len(steps) <= PIPELINE_STEPS_SHOWN else (steps[0], None,
+                                                                      steps[-1])
+            for step in shown:
+                if step is None:
+                    m = pp.per_step()
+                    rows.append([f"mean of {len(steps)} steps", _passes(steps[1]),
+                                 human(m.flops), human(m.macs), human(m.bytes_read, "B"),
+                                 human(m.bytes_written, "B"),
+                                 f"{m.flops / m.bytes:.2f}" if m.bytes else "-",
+                                 percent(m.flops, whole)]
+                                + (["-" if m.latency_s is None else duration(m.latency_s)]
+                                   if timed else []))
+                    continue
+                t = "" if step.timestep is None else f" (t={step.timestep:g})"
+                rows.append(_part_cells(f"step {step.step + 1}{t}", _passes(step),
+                                        step.total, whole, timed, step.profile.wall_s))
+    rows.append(_part_cells("outside", "", pp.outside.total, whole, timed, None))
+    rows.append(_part_cells("total", "", pp.total, whole, timed, pp.profile.wall_s))
+    headers = ["Part", "Calls", "FLOPs", "MACs", "Read", "Written", "FLOP/B", "%FLOPs"]
+    if timed:
+        headers.append("Time")
+    align = ("left",) * 2 + ("right",) * (len(headers) - 2)
+    each = pp.per_image()
+    n, evaluations = pp.images, pp.evaluations_per_image
+    notes = (f"Per image ({n} image{'s' if n != 1 else ''}): {human(each.flops)}FLOPs, "
+             f"{human(each.macs)}MACs, {human(each.bytes, 'B')} moved. {len(steps)} denoising "
+             f"step{'s' if len(steps) != 1 else ''}, {evaluations:g} denoiser evaluation"
+             f"{'s' if evaluations != 1 else ''} per image per step ({_GUIDANCE[pp.guidance]}"
+             "); a step's Calls: denoiser passes x latent batch.")
+    return "\n".join([tabulate(rows, headers=headers, disable_numparse=True, colalign=align),
+                      textwrap.fill(notes, 100)])
+
+
+def pipeline_roofline_table(roof: PipelineRoofline) -> str:
+    """A row per component and per denoising step in the order they ran, and the work
+    outside them; under it the roofline's one line (its repr)."""
+    timed = roof.measured_image_s is not None
+    rows = []
+    for kind, item in roof.order:
+        if kind == "component":
+            rows.append(_roofline_cells(item, roof.components[item], timed))
+        else:
+            rows.append(_roofline_cells(f"step {item + 1}", roof.steps[item], timed))
+    rows.append(_roofline_cells("outside", roof.outside, timed))
+    return _roofline_text(roof, rows, "Part", timed)
 
 
 def _flops(n: float) -> str:

@@ -122,6 +122,43 @@ class GenerationRoofline:
         return self.table()
 
 
+def resolve_device(device) -> DeviceSpec:
+    """``device`` itself (a ``DeviceSpec``) or the built-in one of that name in ``DEVICES``."""
+    if isinstance(device, str):
+        if device not in DEVICES:
+            raise ValueError(f"unknown device {device!r}; built in: {sorted(DEVICES)} "
+                             "(or pass a DeviceSpec)")
+        device = DEVICES[device]
+    if not isinstance(device, DeviceSpec):
+        raise TypeError(f"device must be a DeviceSpec or one of {sorted(DEVICES)}, got "
+                        f"{type(device).__name__}")
+    return device
+
+
+def ops_roofline(p: Profile, peak: float, bandwidth: float) -> Roofline:
+    """A part of a run (a step) against a roof of ``peak`` flop/s and ``bandwidth`` B/s:
+    ``compute_s`` and ``memory_s`` its flops / peak and bytes / bandwidth, ``attainable_s``
+    the sum of its ops' own ``max(flops / peak, bytes / bandwidth)``, bound where most of
+    that time goes."""
+    # kernels run one after another, each on its own roof: a step's time is the sum of its
+    # ops' (one record per module and operator), not one roof for the step's totals, where
+    # a matmul's compute would hide a norm's memory traffic
+    compute_bound = memory_bound = 0.0  # time of the ops on each roof
+    for record in p.records():
+        stats = record.stats
+        flops_s, bytes_s = stats.flops / peak, stats.bytes / bandwidth
+        if flops_s >= bytes_s:
+            compute_bound += flops_s
+        else:
+            memory_bound += bytes_s
+    attainable = compute_bound + memory_bound
+    return Roofline(
+        arithmetic_intensity=p.total.arithmetic_intensity, attainable_s=attainable,
+        bound=COMPUTE_BOUND if compute_bound >= memory_bound else MEMORY_BOUND,
+        efficiency=attainable / p.wall_s if p.wall_s and attainable else None,
+        compute_s=p.total.flops / peak, memory_s=p.total.bytes / bandwidth, comm_s=0.0)
+
+
 def _cache_layers(cache):
     """``(keys, values, self_attention)`` of each layer of a transformers cache (a Cache
     with ``layers``, an EncoderDecoderCache, or the legacy tuple of ``(k, v)`` pairs)."""
@@ -397,36 +434,12 @@ class GenerationProfile:
         first token, time per decode step and tokens/s, attainable and (timing on) measured.
         A step's attainable time is the sum of its ops' ``max(flops / peak, bytes /
         bandwidth)``; it is bound where most of that time goes."""
-        if isinstance(device, str):
-            if device not in DEVICES:
-                raise ValueError(f"unknown device {device!r}; built in: {sorted(DEVICES)} "
-                                 "(or pass a DeviceSpec)")
-            device = DEVICES[device]
-        if not isinstance(device, DeviceSpec):
-            raise TypeError(f"device must be a DeviceSpec or one of {sorted(DEVICES)}, got "
-                            f"{type(device).__name__}")
+        device = resolve_device(device)
         dtype = dtype or self.total.dtype
         peak, bandwidth = device.peak_flops(dtype), device.memory_bandwidth
 
         def place(p: Profile) -> Roofline:
-            # kernels run one after another, each on its own roof: a step's time is the sum
-            # of its ops' (one record per module and operator), not one roof for the step's
-            # totals, where a matmul's compute would hide a norm's memory traffic
-            compute_bound = memory_bound = 0.0  # time of the ops on each roof
-            for record in p.records():
-                stats = record.stats
-                flops_s, bytes_s = stats.flops / peak, stats.bytes / bandwidth
-                if flops_s >= bytes_s:
-                    compute_bound += flops_s
-                else:
-                    memory_bound += bytes_s
-            attainable = compute_bound + memory_bound
-            return Roofline(
-                arithmetic_intensity=p.total.arithmetic_intensity, attainable_s=attainable,
-                bound=COMPUTE_BOUND if compute_bound >= memory_bound else MEMORY_BOUND,
-                efficiency=attainable / p.wall_s if p.wall_s and attainable else None,
-                compute_s=p.total.flops / peak, memory_s=p.total.bytes / bandwidth,
-                comm_s=0.0)
+            return ops_roofline(p, peak, bandwidth)
 
         steps = tuple(place(p) for p in self.steps)
         first = steps[0].attainable_s + (place(self.encoder).attainable_s
