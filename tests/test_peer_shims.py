@@ -114,6 +114,29 @@ def test_fvcore_unsupported_ops_and_warnings(caplog):
         flops.total("missing")
 
 
+def test_fvcore_names_ops_as_its_handles_do_and_reports_unknown_ops():
+    """A handle returning a number names the op by its kind (fvcore's matmul handle set for
+    aten::mm reports "mm"); a custom op nobody prices is unsupported, by calls."""
+
+    @torch.library.custom_op("dispatch_flops_test::fvcore_unknown", mutates_args=())
+    def unknown(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @unknown.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class Model(nn.Module):
+        def forward(self, a, b):
+            return unknown(torch.mm(a, b))
+
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    flops = fvcore.JitModelAnalysis(Model(), (a, b)).set_op_handle(
+        "aten::mm", fvcore.matmul_flop_jit).unsupported_ops_warnings(False)
+    assert flops.by_operator() == {"mm": 3 * 4 * 5}
+    assert flops.unsupported_ops() == {"dispatch_flops_test::fvcore_unknown": 1}
+
+
 def test_fvcore_custom_handle_gets_jit_like_values():
     """A handle written against fvcore's jit values (get_shape, toIValue) reads the call's
     shapes and arguments in the jit node's order."""
@@ -142,6 +165,10 @@ def test_fvcore_tables_and_parameter_count():
     assert fvcore.parameter_count(model)[""] == sum(p.numel() for p in model.parameters())
     text = fvcore.flop_count_str(flops)
     assert text.startswith("Net(") and "#flops: 7.78K" in text  # conv: 7776 MACs
+    rows = [[c.strip() for c in line.split("|")[1:-1]]
+            for line in fvcore.parameter_count_table(model).splitlines()[2:]]
+    assert rows[:3] == [["model", "0.1K"], ["conv", "0.1K"], ["conv.weight", "(4, 3, 3, 3)"]]
+    assert rows[4] == ["bn", "8"]  # fvcore's style: K from 100 up, one decimal
 
 
 # -- thop -----------------------------------------------------------------------------------
@@ -175,6 +202,28 @@ def test_thop_counts_functional_attention_and_custom_rules_replace():
     assert macs == 11 + 4 * CONV_OUT + (CONV_OUT + 8) + FC_MACS
 
 
+def test_thop_transposed_convolutions_count_input_positions():
+    """A transposed convolution applies its kernel once per input position (ultralytics-thop
+    2.x's fix; 0.1.1 counted output positions): n c_in h w (c_out / g) k_h k_w."""
+    net = nn.ConvTranspose2d(8, 4, 3, stride=2, groups=2, bias=False)
+    macs, _ = thop.profile(net, inputs=(torch.randn(1, 8, 4, 4),), verbose=False)
+    assert macs == 1 * 8 * 4 * 4 * (4 // 2) * 3 * 3
+
+
+def test_thop_pool_and_upsample_conventions():
+    """thop 2.x: average pooling an add per pooled input and a divide per output (padding
+    outside the input counted when count_include_pad), upsampling by mode an output."""
+    x = torch.randn(1, 2, 4, 4)
+    assert thop.profile(nn.AvgPool2d(2), inputs=(x,), verbose=False)[0] == 2 * 16 + 2 * 4
+    padded = nn.AvgPool2d(3, stride=1, padding=1)  # 4 outputs a dim, windows 3 wide
+    assert thop.profile(padded, inputs=(x,), verbose=False)[0] == 2 * 12 * 12 + 2 * 16
+    padded.count_include_pad = False  # the windows' inputs only: 2 + 3 + 3 + 2 a dim
+    assert thop.profile(padded, inputs=(x,), verbose=False)[0] == 2 * 10 * 10 + 2 * 16
+    bilinear = nn.Upsample(scale_factor=2, mode="bilinear")
+    assert thop.profile(bilinear, inputs=(x,), verbose=False)[0] == 11 * 2 * 8 * 8
+    assert thop.profile(nn.Upsample(scale_factor=2), inputs=(x,), verbose=False)[0] == 0
+
+
 def test_thop_clever_format():
     """thop's strings: format of T/G/M/K at 1000**k and above (2.x's rule), else "B"; a tuple
     for several numbers."""
@@ -200,6 +249,27 @@ def test_ptflops_strings_ints_and_conventions():
     assert text == (f"{round(expected / 1e3, 2)} KMac", "130")
     assert ptflops.flops_to_string(4_123_456_789) == "4.12 GMac"
     assert ptflops.params_to_string(25_557_032) == "25.56 M"
+
+
+def test_ptflops_ignored_modules_and_custom_hooks():
+    """ignore_modules drops those modules' own ops (ReLU: an element each); a custom hook's
+    ``__flops__`` replaces what is counted inside its module."""
+    model = Net()
+    full, _ = ptflops.get_model_complexity_info(model, (3, 8, 8), as_strings=False,
+                                                print_per_layer_stat=False)
+    ignored, _ = ptflops.get_model_complexity_info(model, (3, 8, 8), as_strings=False,
+                                                   print_per_layer_stat=False,
+                                                   ignore_modules=[nn.ReLU])
+    assert full - ignored == CONV_OUT // 2
+
+    def hook(module, inputs, output):
+        module.__flops__ += 1000
+
+    hooked, _ = ptflops.get_model_complexity_info(model, (3, 8, 8), as_strings=False,
+                                                  print_per_layer_stat=False,
+                                                  custom_modules_hooks={nn.Conv2d: hook})
+    assert hooked == full - (CONV_MACS // 2 + CONV_OUT // 2) + 1000
+    assert not hasattr(model.conv, "__flops__")
 
 
 def test_ptflops_per_sample_and_error_contract(capsys):
@@ -246,6 +316,36 @@ def test_calflops_flops_are_twice_the_macs_and_strings():
                        "130")
     assert calflops.params_to_string(6.74e9) == "6.74 B"
     assert model.training is True
+
+
+def test_calflops_builds_transformers_inputs_from_a_tokenizer():
+    """transformer_tokenizer with input_shape (batch, length): the empty text's encoding
+    padded to the length with the pad token, attention mask 0 there, as calflops builds it."""
+
+    class Tokenizer:
+        pad_token_id = 0
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [101, 102], "attention_mask": [1, 1]}
+
+    seen = {}
+
+    class Embedder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(200, 8)
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, input_ids, attention_mask):
+            seen.update(input_ids=input_ids, attention_mask=attention_mask)
+            return self.proj(self.embed(input_ids))
+
+    _, macs, _ = calflops.calculate_flops(Embedder(), input_shape=(2, 6),
+                                          transformer_tokenizer=Tokenizer(),
+                                          print_results=False, output_as_string=False)
+    assert seen["input_ids"].tolist() == [[101, 102, 0, 0, 0, 0]] * 2
+    assert seen["attention_mask"].tolist() == [[1, 1, 0, 0, 0, 0]] * 2
+    assert macs == 2 * 6 * 8 * 8
 
 
 def test_calflops_backward_is_measured():

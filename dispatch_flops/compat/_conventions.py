@@ -77,8 +77,8 @@ def run_forward(model: nn.Module, call: Callable[[], Any], registry: Optional[Re
 
 
 def parameters_of(model: nn.Module) -> int:
-    """Every parameter of ``model``, shared ones once (what thop 2.x, ptflops and calflops
-    report)."""
+    """Every parameter of ``model``, shared ones once (thop 2.x's figure; ptflops and
+    calflops count the trainable ones)."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -90,7 +90,7 @@ class ModuleRules:
 
     >>> with ModuleRules(model, {MyBlock: my_rule}, "total_ops") as rules:
     ...     counter = run_forward(model, lambda: model(x), registry)
-    >>> rules.total(counter)
+    >>> rules.figure(counter)
     """
 
     def __init__(self, model: nn.Module, rules: dict, attribute: str, start: Any = 0):

@@ -117,6 +117,9 @@ def calculate_flops(model: nn.Module, input_shape=None, transformer_tokenizer=No
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if forward_mode not in FORWARD_MODES:
         raise ValueError(f"forward_mode must be one of {FORWARD_MODES}, got {forward_mode!r}")
+    for kind in ignore_modules or ():
+        if not (isinstance(kind, type) and issubclass(kind, nn.Module)):
+            raise TypeError(f"ignore_modules takes nn.Module classes, got {kind!r}")
     args = list(args)
     kwargs = dict(kwargs or {})
     parameter = next(model.parameters(), None)

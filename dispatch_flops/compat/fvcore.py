@@ -157,9 +157,10 @@ class _EngineMacs:
     the counter, no formula of its own). Called on jit values (fvcore's handle contract), it
     counts the node's op on meta tensors of the same shapes."""
 
-    def __init__(self, name: str):
+    def __init__(self, op: str, name: Optional[str] = None):
+        # ``name``: the name fvcore's handle reports (conv's Counter); None: the op kind's
         self.name = name
-        self.__name__ = f"{name}_flop_jit"
+        self.__name__ = f"{op}_flop_jit"
 
     def __call__(self, inputs: List[Any], outputs: List[Any]) -> int:
         kind = outputs[0].node().kind()
@@ -189,7 +190,7 @@ def _materialise(value: Any) -> Any:
 
 addmm_flop_jit = _EngineMacs("addmm")
 bmm_flop_jit = _EngineMacs("bmm")
-conv_flop_jit = _EngineMacs("conv")
+conv_flop_jit = _EngineMacs("conv", name="conv")
 einsum_flop_jit = _EngineMacs("einsum")
 linear_flop_jit = _EngineMacs("linear")
 matmul_flop_jit = _EngineMacs("matmul")
@@ -486,8 +487,8 @@ class JitModelAnalysis:
             macs = record.stats.macs
             handle = self._op_handles.get(kind)
             if handle is not None:
-                name = handle.name if isinstance(handle, _EngineMacs) else names.get(
-                    kind, _simplify(kind))
+                reported = handle.name if isinstance(handle, _EngineMacs) else names.get(kind)
+                name = reported or _simplify(kind)
                 op_counts = Counter({name: macs})
             elif self._ignored(kind, record.category):
                 continue
@@ -506,8 +507,9 @@ class JitModelAnalysis:
         return stats
 
     def _ignored(self, kind: str, category: str) -> bool:
-        return (kind in self._ignored_ops or category == Category.NO_ARITHMETIC
-                or not kind.startswith("aten::") and not kind.startswith("prim::Python"))
+        """fvcore's ignore list, and ops this package knows do no arithmetic (views, copies,
+        the profiler's markers): a trace shows fewer of them, none is unsupported."""
+        return kind in self._ignored_ops or category == Category.NO_ARITHMETIC
 
     def _warn_unsupported_ops(self, ops: typing.Counter[str]) -> None:
         if not self._enable_warn_unsupported_ops:

@@ -39,6 +39,8 @@ class FLOPS_BACKEND(Enum):  # noqa: N801 (ptflops' name)
 
 
 def _convolution(x, weight, bias, stride, padding, dilation, transposed, *args, out_shape) -> int:
+    # weight [c_out, c_in / g, *k] (transposed: [c_in, c_out / g, *k]): every output element
+    # (transposed: input element) takes weight[1] x k MACs; a bias adds one per output
     per_position = weight[1] * math.prod(weight[2:])
     positions = numel(x) if transposed else numel(out_shape)
     return positions * per_position + (numel(out_shape) if bias is not None else 0)
