@@ -72,6 +72,7 @@ from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: 
                           StepCost,
                           profile_generate,
 )
+from dispatch_flops.workflows.paper import PaperTable, paper_table
 from dispatch_flops.workflows.repeat import measure, profile  # noqa: F401 (profile: deprecated)
 from dispatch_flops.workflows.throughput import StepTiming, ThroughputMeter, ThroughputReading
 
@@ -124,4 +125,7 @@ __all__ = [
     "FlopCounterMode",
     "FlopsProfiler",
     "get_model_profile",
+    # paper tables (the fvcore, thop, ptflops and calflops drop-ins: dispatch_flops.compat.*)
+    "paper_table",
+    "PaperTable",
 ]

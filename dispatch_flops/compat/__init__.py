@@ -1,2 +1,4 @@
-"""Compatibility layers: torch's ``FlopCounterMode`` (``torch_mode``) and DeepSpeed's flops
-profiler (``deepspeed``), built on ``FlopCounter``."""
+"""Compatibility layers, built on ``FlopCounter``: torch's ``FlopCounterMode``
+(``torch_mode``), DeepSpeed's flops profiler (``deepspeed``), and the tools paper tables come
+from: fvcore (``fvcore``), thop (``thop``), ptflops (``ptflops``) and calflops (``calflops``),
+their shared conventions registry in ``_conventions``."""

@@ -1,7 +1,8 @@
 """The views room: text, files and figures made from results: the module table (``table``),
 every other text (``text``: expert load, the MFU conventions, MFU in words, a generation's
 tables, a throughput reading), CSV, the DataFrame and the Chrome trace (``export``), torch's
-and DeepSpeed's printouts (``torch_table``, ``deepspeed_printout``), plots (``plot``). It reads
+and DeepSpeed's printouts (``torch_table``, ``deepspeed_printout``), paper tables as Markdown
+and LaTeX (``paper_table``), plots (``plot``). It reads
 ``results`` only. Importing it installs the presenter through which ``Profile.table()`` and
 the other output methods reach it (``results.present``); workflows call it directly."""
 

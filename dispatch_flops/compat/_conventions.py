@@ -1,0 +1,160 @@
+"""What the peer drop-ins (``fvcore``, ``thop``, ``ptflops``, ``calflops``) share: a registry
+holding one peer's pricing conventions on top of this package's formulas, and one way to run a
+model's forward under a counter built on it.
+
+A peer prices some ops by a convention of its own (thop: a batch norm is 2 flops an element,
+4 with an affine; ptflops: a ReLU is one MAC an element). A ``PeerRegistry`` holds those ops'
+formulas; every other op is priced by ``REGISTRY``. Within a peer registry, ``Cost.macs`` is the
+peer's figure for the op, whatever the peer calls it (fvcore "flops", thop and ptflops "MACs"):
+a contraction keeps this package's MACs, a convention op gets the peer's number. The counters
+built on it are private to the drop-ins, so that reading never meets a user's views.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from dispatch_flops.counter import FlopCounter
+from dispatch_flops.formulas import REGISTRY, Category, Cost, Entry, Registry
+
+
+class PeerRegistry(Registry):
+    """A peer's conventions, and ``base``'s formulas for every op they leave out.
+
+    >>> conventions = PeerRegistry()
+    >>> conventions.figure(torch.ops.aten.relu, lambda x, *, out_shape: numel(out_shape))
+    >>> with FlopCounter(model, registry=conventions) as fc:
+    ...     model(x)
+    >>> fc.total.macs  # the peer's figure
+    """
+
+    def __init__(self, base: Registry = REGISTRY):
+        super().__init__()
+        self.base = base
+
+    def lookup(self, op) -> Entry:
+        entry = super().lookup(op)
+        return self.base.lookup(op) if entry.category is Category.UNSUPPORTED else entry
+
+    def figure(self, ops, fn: Callable[..., float]) -> None:
+        """Price ``ops`` (packets, overloads, or a list) at ``fn(*args, out_shape=..., **kwargs)``,
+        the peer's figure for one call (rounded to an int)."""
+
+        def formula(*args, out_shape, **kwargs) -> Cost:
+            value = int(round(fn(*args, out_shape=out_shape, **kwargs)))
+            return Cost(2 * value, value)
+
+        formula.__name__ = getattr(fn, "__name__", "figure")
+        self.formula(ops, override=True)(formula)
+
+
+def numel(shape) -> int:
+    """Elements of a tensor of ``shape`` (a ``torch.Size``); 0 for None."""
+    return math.prod(shape) if shape is not None else 0
+
+
+def run_forward(model: nn.Module, call: Callable[[], Any], registry: Optional[Registry], *,
+                inference: bool = True, eval_mode: bool = True) -> FlopCounter:
+    """Count ``call()`` (the model's forward) under a counter on ``registry``, as the peers run
+    it: in eval mode (``eval_mode``), without grad, and under ``inference_mode`` when
+    ``inference`` (composite ops are then seen whole: ``aten.linear``, ``aten.batch_norm``, the
+    level jit traces and module hooks see). Every module's train flag is restored."""
+    flags = [(m, m.training) for m in model.modules()]
+    grad = torch.inference_mode() if inference else torch.no_grad()
+    try:
+        if eval_mode:
+            model.eval()
+        with grad, FlopCounter(model, registry=registry) as counter:
+            call()
+    finally:
+        for module, flag in flags:
+            module.training = flag
+    return counter
+
+
+def parameters_of(model: nn.Module) -> int:
+    """Every parameter of ``model``, shared ones once (thop 2.x's figure; ptflops and
+    calflops count the trainable ones)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+class ModuleRules:
+    """A peer's rules for module types (thop's ``custom_ops``, ptflops'
+    ``custom_modules_hooks``): ``rule(module, inputs, output)`` adds the module's figure to
+    ``module.<attribute>``, as the peer's rules do. A ruled module's figure replaces what the
+    engine counted inside it (an outer ruled module's, those of ruled modules inside it).
+
+    >>> with ModuleRules(model, {MyBlock: my_rule}, "total_ops") as rules:
+    ...     counter = run_forward(model, lambda: model(x), registry)
+    >>> rules.figure(counter)
+    """
+
+    def __init__(self, model: nn.Module, rules: dict, attribute: str, start: Any = 0):
+        for kind, rule in rules.items():
+            if not isinstance(kind, type) or not callable(rule):
+                raise TypeError(f"module rules map nn.Module classes to rule(module, inputs, "
+                                f"output), got {kind!r}: {rule!r}")
+        self.model, self.rules, self.attribute, self.start = model, rules, attribute, start
+        self.modules: dict = {}  # name -> ruled module (first name of a shared one)
+        self.values: dict = {}  # id(module) -> its figure, read on exit
+        self._hooks: list = []
+        self._displaced: list = []
+
+    def rule_of(self, module: nn.Module) -> Optional[Callable]:
+        """The rule of the first class in ``module``'s MRO that has one."""
+        for kind in type(module).__mro__:
+            if kind in self.rules:
+                return self.rules[kind]
+        return None
+
+    def __enter__(self) -> "ModuleRules":
+        for name, module in self.model.named_modules():
+            rule = self.rule_of(module)
+            if rule is None:
+                continue
+            if self.attribute in module.__dict__:
+                self._displaced.append((module, module.__dict__[self.attribute]))
+            module.__dict__[self.attribute] = self.start() if callable(self.start) else self.start
+            self.modules[name] = module
+            self._hooks.append(module.register_forward_hook(_rule_hook(rule)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        for module in self.modules.values():
+            self.values[id(module)] = float(module.__dict__.pop(self.attribute, 0))
+        for module, value in self._displaced:
+            module.__dict__[self.attribute] = value
+
+    def outermost(self) -> list:
+        """Names of ruled modules not inside another ruled module."""
+        names = sorted(self.modules)
+        return [n for n in names if not any(n.startswith(o + ".") for o in names if o != n)]
+
+    def covers(self, stack) -> bool:
+        """Whether a record with this module stack ran inside a ruled module."""
+        return any(name in self.modules for name in stack)
+
+    def ruled(self, inside: str = "") -> float:
+        """The outermost ruled modules' figures, of those in module ``inside`` (all by
+        default)."""
+        prefix = inside + "." if inside else ""
+        return sum(self.values.get(id(self.modules[name]), 0.0) for name in self.outermost()
+                   if not inside or name == inside or name.startswith(prefix))
+
+    def figure(self, counter: FlopCounter, inside: str = "") -> float:
+        """The peer's figure for module ``inside`` (the root by default): the engine's records
+        outside ruled modules plus the outermost ruled modules' own figures."""
+        return float(sum(r.stats.macs for r in counter.records()
+                         if inside in r.stack and not self.covers(r.stack))) + self.ruled(inside)
+
+def _rule_hook(rule: Callable):
+    def hook(module, inputs, output) -> None:  # a rule's return value is never the output
+        rule(module, inputs, output)
+
+    return hook
