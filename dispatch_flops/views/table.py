@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from tabulate import tabulate
@@ -28,6 +28,7 @@ from dispatch_flops.results.stats import (
     ESTIMATED,
     EXACT,
     FORWARD,
+    MODEL_PHASES,
     NO_ARITHMETIC,
     OPTIMIZER,
     OTHER,
@@ -64,6 +65,7 @@ class _Run:
     root_time: Optional[float]
     spread: dict  # name -> {figure: (min, mean, max) over ranks}, with ranks=True; else {}
     in_graphs: frozenset = frozenset()  # modules run inside a compiled graph (no own time)
+    model_phases: dict = field(default_factory=dict)  # MODEL_PHASES: phase -> by_module
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,13 @@ def _phase_column(phase: str, priority: int) -> Column:
                   lambda run, name, m: human(run.per_phase[phase][name].flops
                                              if name in run.per_phase[phase] else 0),
                   lambda run: phase in run.per_phase)
+
+
+def _model_flops(run, name: str) -> int:
+    # the footer's figure, per module: forward + backward only (a loss after the model, phase
+    # other, is hardware work the model does not need), so the root's cell is model_flops()
+    return sum(run.model_phases[p][name].inclusive.model_flops
+               for p in MODEL_PHASES if name in run.model_phases[p])
 
 
 def _latency(m) -> float:
@@ -113,7 +122,7 @@ COLUMNS: tuple = (
     Column("flops", "FLOPs", "FLOPs", 1, lambda run, name, m: human(m.flops)),
     # masked attention pairs were computed: the flops the model needed (docs/conventions.md)
     Column("model_flops", "Model FLOPs", "Model", 6,
-           lambda run, name, m: human(m.inclusive.model_flops),
+           lambda run, name, m: human(_model_flops(run, name)),
            lambda run: run.profile.total.masked_flops > 0),
     _phase_column(FORWARD, 11),
     _phase_column(BACKWARD, 11),
@@ -229,7 +238,8 @@ def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = 
     run = _Run(counter, modules, {p: counter.by_module(phase=p) for p in shown_phases},
                counter.module_types(), counter.total.flops,
                modules[ROOT].latency_s if counter.timing and ROOT in modules else None,
-               counter.imbalance() if ranks else {}, frozenset(counter.in_graphs))
+               counter.imbalance() if ranks else {}, frozenset(counter.in_graphs),
+               {p: counter.by_module(phase=p) for p in MODEL_PHASES})
     available = [c for c in COLUMNS if c.applies(run)]
     if columns is not None:
         chosen = _chosen(columns, available, run)
@@ -340,7 +350,8 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
         lines.append(f"Calls {NEVER_CALLED}: a container never called itself (ModuleList); "
                      "its figures are its children's")
     if human(counter.hardware_flops()) != human(counter.model_flops()):
-        lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
+        passes = "forward + backward" if by_phase[BACKWARD].calls else "forward"
+        lines.append(f"Model flops ({passes}): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
     if counter.total.masked_flops:
         lines.append(f"Masked attention pairs computed: {human(counter.total.masked_flops)} "
