@@ -2,11 +2,14 @@
 fits the terminal, a view by module type, a roofline's bound that follows its own times,
 calibration that says how far to trust it, and the meter's peak and tokens."""
 
+import re
+
+import torch
 from torch import nn
 
 from dispatch_flops import FlopCounter
 from dispatch_flops.results.format import human
-from helpers import tiny_gpt, tiny_ids
+from helpers import step, tiny_gpt, tiny_ids
 
 
 def _trained(loss_outside: bool = True):
@@ -44,3 +47,91 @@ def test_a_forward_only_footer_says_forward():
         model(tiny_ids())
     text = fc.table(width=200)
     assert "Model flops (forward): " in text and "forward + backward" not in text
+
+
+# -- every text view fits the terminal -------------------------------------------------------
+def _views():
+    """(name, text made now) for every text view, on small real runs: the module table
+    (default, explicit columns, op rows, a gathered run with ranks=True), MoE expert load,
+    the MFU conventions, a generation's table and roofline. (A throughput reading and
+    ``mfu_text`` are one line each, log lines: not laid out to a width.)"""
+    import warnings
+
+    import transformers
+    from moe_models import ListMoE
+
+    from dispatch_flops import DEVICES, profile_generate
+    from dispatch_flops.workflows.distributed import gathered
+
+    model = tiny_gpt()
+    runs = []
+    for _ in range(2):
+        with FlopCounter(model, timing=True) as fc:
+            step(model, tiny_ids())
+        runs.append(fc.to_profile())
+    run = gathered(runs)
+    moe = nn.Sequential(nn.Linear(8, 8))
+    moe.add_module("a_mixture_of_experts_layer_with_a_long_name",
+                   ListMoE(8, 16, 4, [0, 1, 1, 2, 0, 0]))
+    with FlopCounter(moe) as experts:
+        moe(torch.randn(6, 8))
+    torch.manual_seed(0)
+    llm = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gp = profile_generate(llm, torch.randint(0, 64, (1, 8)), max_new_tokens=3,
+                              do_sample=False, timing=True)
+        with FlopCounter(llm) as lm:
+            ids = torch.randint(0, 64, (2, 8))
+            llm(ids, labels=ids).loss.backward()
+    roof = gp.roofline("H100-SXM")
+    conventions = lm.conventions(tokens_per_s=1000, device=DEVICES["A100-SXM4-80GB"])
+    return lambda: [
+        ("table", fc.table()), ("table ops", fc.table(depth=3, ops=3)),
+        ("table columns", fc.table(depth=3, columns=["type", "calls", "flops", "percent"])),
+        ("table ranks", run.table(ranks=True)), ("experts", experts.experts_table()),
+        ("conventions", str(conventions)), ("generation", gp.table()),
+        ("generation roofline", roof.table())]
+
+
+def test_every_text_view_fits_80_and_100_columns(monkeypatch):
+    """At ``COLUMNS=80`` and ``=100`` every line of every view fits, and no line ends on a
+    figure whose unit starts the next."""
+    views = _views()
+    for width in (80, 100):
+        monkeypatch.setenv("COLUMNS", str(width))
+        for name, text in views():
+            lines = text.splitlines()
+            assert max(map(len, lines)) <= width, (name, width, text)
+            unit = re.compile(r"\s+(?:[KMGTP]?B|[KMGTP]|µs|ms|%)\b")
+            for line, after in zip(lines, lines[1:]):
+                assert not (re.search(r"\d$", line) and unit.match(after)), (name, line, after)
+
+
+def test_explicit_width_wins_and_explicit_columns_are_all_kept(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    fc = _trained()
+    text = fc.table(depth=3, ops=3, columns=["calls", "flops", "percent", "read"], width=60)
+    assert max(map(len, text.splitlines())) <= 60
+    header = text.splitlines()[0]
+    assert all(h in header for h in ("Calls", "FLOPs", "%", "Read"))
+
+
+def test_a_long_op_name_costs_no_column():
+    """Op rows' names are cut to the modules' labels before any column goes."""
+    fc = _trained()
+    wide = fc.table(depth=1, width=100).splitlines()[0].split()
+    with_ops = fc.table(depth=1, ops=5, width=100)
+    assert with_ops.splitlines()[0].split() == wide
+    assert any("…" in line for line in with_ops.splitlines() if "↳" in line)
+
+
+def test_wrapping_never_splits_a_figure_from_its_unit():
+    from dispatch_flops.views.table import wrapped
+
+    line = "Model flops (forward + backward): 4.17 G, hardware flops (all executed): 4.30 G"
+    for width in range(40, 90):
+        parts = wrapped(line, width)
+        assert " ".join(p.strip() for p in parts) == line
+        assert not any(p.rstrip().endswith(("4.17", "4.30")) for p in parts)

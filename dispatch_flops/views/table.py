@@ -13,6 +13,7 @@ apply to the columns shown, wrapped to the same width.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -183,6 +184,28 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
+def check_width(width) -> int:
+    """The width to fit: ``width`` when given (an int >= 40), else ``terminal_width()``."""
+    if width is None:
+        return terminal_width()
+    if not isinstance(width, int) or isinstance(width, bool) or width < 40:
+        raise ValueError(f"width must be an int >= 40 (characters), got {width!r}")
+    return width
+
+
+# a figure and its unit ("4.17 G", "12.3 %", "151.60 µs"): one word while wrapping
+_FIGURE = re.compile(r"(\d) (?=[A-Za-zµ%])")
+_JOINED = "\u00a0"  # no-break space: textwrap never breaks at it
+
+
+def wrapped(line: str, width: int, indent: str = "  ") -> list:
+    """``line`` wrapped to ``width`` (later lines indented), never between a figure and its
+    unit."""
+    joined = _FIGURE.sub(lambda m: m.group(1) + _JOINED, line)
+    return [part.replace(_JOINED, " ") for part in textwrap.wrap(
+        joined, width, subsequent_indent=indent, break_on_hyphens=False)] or [""]
+
+
 def _shown_phases(by_phase) -> list:
     # a column per phase once more than forward ran
     if not any(by_phase[p].calls for p in PHASES if p != FORWARD):
@@ -230,8 +253,7 @@ def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = 
     if not isinstance(ops, int) or isinstance(ops, bool) or ops < 0:
         raise ValueError(f"ops must be an int >= 0 (top ops listed under each module), "
                          f"got {ops!r}")
-    if width is not None and (not isinstance(width, int) or width < 40):
-        raise ValueError(f"width must be an int >= 40 (characters), got {width!r}")
+    fit = check_width(width)
     modules = counter.by_module()
     by_phase = counter.by_phase()
     shown_phases = _shown_phases(by_phase)
@@ -241,19 +263,13 @@ def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = 
                counter.imbalance() if ranks else {}, frozenset(counter.in_graphs),
                {p: counter.by_module(phase=p) for p in MODEL_PHASES})
     available = [c for c in COLUMNS if c.applies(run)]
-    if columns is not None:
-        chosen = _chosen(columns, available, run)
-        fit = None
-    else:
-        chosen = available
-        fit = width if width is not None else terminal_width()
+    # columns the reader picked are all kept: the table fits by shortening names only
+    chosen = available if columns is None else _chosen(columns, available, run)
     names = [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
-    table, shown = _fitted(run, names, chosen, fit, ops)
-    lines = [table] + _footer(counter, by_phase, names, modules, {c.key for c in shown})
-    if fit is not None:  # prose lines wrap at the same width
-        lines = [table] + [textwrap.fill(line, fit, subsequent_indent="  ",
-                                         break_on_hyphens=False) for line in lines[1:]]
-    return "\n".join(lines)
+    table, shown = _fitted(run, names, chosen, fit, ops, droppable=columns is None)
+    footer = _footer(counter, by_phase, names, modules, {c.key for c in shown})
+    # prose lines wrap at the same width
+    return "\n".join([table] + [part for line in footer for part in wrapped(line, fit)])
 
 
 def _chosen(columns, available: list, run) -> list:
@@ -275,27 +291,32 @@ def _chosen(columns, available: list, run) -> list:
     return chosen
 
 
-def _fitted(run, names: list, chosen: list, width: Optional[int], ops: int
+def _fitted(run, names: list, chosen: list, width: int, ops: int, droppable: bool = True
             ) -> tuple[str, list]:
-    """The table of ``chosen`` columns, narrowed to ``width`` when it is given, and the
-    columns it kept."""
+    """The table of ``chosen`` columns narrowed to ``width``, and the columns it kept:
+    headers abbreviated, op rows' names cut to the modules' (a long op name must not cost
+    the figures), then (``droppable``) columns dropped, then every name shortened."""
     limit = None
     short = False
     chosen = list(chosen)
     while True:
-        text = _table(run, names, chosen, short, limit, ops)
-        if width is None or _widest(text) <= width:
+        text = _table(run, names, chosen, short, limit, ops, ops_only=True)
+        if _widest(text) <= width:
             return text, chosen
         if not short:
             short = True
             continue
-        droppable = [c.priority for c in chosen if c.priority > 2]
-        if droppable:  # columns of one priority go together (forward and backward)
-            chosen = [c for c in chosen if c.priority != max(droppable)]
+        if ops and limit is None:
+            limit = max([12] + [len(label) for label in _labels(
+                names, run.profile.root_label, None).values()])
+            continue
+        dropping = [c.priority for c in chosen if c.priority > 2] if droppable else []
+        if dropping:  # columns of one priority go together (forward and backward)
+            chosen = [c for c in chosen if c.priority != max(dropping)]
             continue
         # only the module and the essential columns left: shorten the module (and op) names
         # by the excess (never below 12 characters)
-        labels = [row[0] for row in _rows(run, names, chosen, None, ops)]
+        labels = [row[0] for row in _rows(run, names, chosen, limit, ops, ops_only=True)]
         limit = max(12, max(map(len, labels)) - (_widest(text) - width))
         return _table(run, names, chosen, short, limit, ops), chosen
 
@@ -305,13 +326,15 @@ def _widest(text: str) -> int:
 
 
 def _table(run, names: list, chosen: list, short: bool, limit: Optional[int],
-           ops: int) -> str:
+           ops: int, ops_only: bool = False) -> str:
     header_row = [c.short if short else c.header for c in chosen]
-    return _render(header_row, _rows(run, names, chosen, limit, ops))
+    return _render(header_row, _rows(run, names, chosen, limit, ops, ops_only))
 
 
-def _rows(run, names: list, chosen: list, limit: Optional[int], ops: int) -> list:
-    labels = _labels(names, run.profile.root_label, limit)
+def _rows(run, names: list, chosen: list, limit: Optional[int], ops: int,
+          ops_only: bool = False) -> list:
+    """The rows; names longer than ``limit`` shortened (``ops_only``: op rows' only)."""
+    labels = _labels(names, run.profile.root_label, None if ops_only else limit)
     rows = []
     for name in names:
         m = run.modules[name]

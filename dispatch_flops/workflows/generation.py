@@ -112,11 +112,11 @@ class GenerationRoofline:
                 f"{self.tokens_per_s:,.1f} tokens/s attainable{measured}; "
                 f"{len(self.steps)} steps)")
 
-    def table(self) -> str:
+    def table(self, width: Optional[int] = None) -> str:
         """A row per step (prefill, then each decode step): flops per byte, the compute,
         memory and attainable times, the bound and (timing on) the measured time and the
-        attainable / measured ratio."""
-        return generation_roofline_table(self)
+        attainable / measured ratio; within ``width`` (the terminal's: ``COLUMNS``)."""
+        return generation_roofline_table(self, width)
 
     def __str__(self) -> str:
         return self.table()
@@ -450,12 +450,12 @@ class GenerationProfile:
             measured_decode_s_per_step=measured_step,
             measured_tokens_per_s=sequences / measured_step if measured_step else None)
 
-    def table(self) -> str:
+    def table(self, width: Optional[int] = None) -> str:
         """Prefill, the first, mean and last decode step, and how much a decode step grows per
         token; the encoder and the work outside the model's calls when there is any; under
         it, what the steps were in ``generate``'s words (``max_new_tokens=8``: the prefill
-        and 7 decode steps)."""
-        return generation_table(self)
+        and 7 decode steps); within ``width`` (the terminal's: ``COLUMNS``)."""
+        return generation_table(self, width)
 
     def __str__(self) -> str:
         return self.table()
