@@ -4,6 +4,7 @@ calibration that says how far to trust it, and the meter's peak and tokens."""
 
 import re
 
+import pytest
 import torch
 from torch import nn
 
@@ -135,3 +136,33 @@ def test_wrapping_never_splits_a_figure_from_its_unit():
         parts = wrapped(line, width)
         assert " ".join(p.strip() for p in parts) == line
         assert not any(p.rstrip().endswith(("4.17", "4.30")) for p in parts)
+
+
+# -- a view by module class ------------------------------------------------------------------
+def test_by_type_against_by_module():
+    """A class's inclusive figures are those of its outermost modules summed (from
+    by_module), its own figures its modules' exclusive ones; own figures sum to the total."""
+    fc = _trained()
+    modules, types = fc.by_module(), fc.module_types()
+    by_type = fc.by_type()
+    for cls, s in by_type.items():
+        mine = [n for n in modules if types.get(n) == cls]
+        outer = [n for n in mine if not any(n.startswith(o + ".") or (o == "" and n)
+                                            for o in mine if o != n)]
+        assert s.flops == sum(modules[n].flops for n in outer), cls
+        assert s.exclusive.flops == sum(modules[n].exclusive.flops for n in mine), cls
+    assert sum(s.exclusive.flops for s in by_type.values()) == fc.total.flops
+    assert by_type["SelfAttention"].calls == 2 and by_type["Linear"].calls == 9
+    assert list(by_type)[0] == "GPT" and by_type["GPT"].flops == fc.total.flops
+    assert by_type["MLP"].flops > by_type["SelfAttention"].flops > 0
+
+
+def test_table_by_type():
+    fc = _trained()
+    text = fc.table(group="type", width=100)
+    assert text.splitlines()[0].split()[0] == "Class"
+    row = _cells(text, "SelfAttention")
+    assert row["FLOPs"] == human(fc.by_type()["SelfAttention"].flops)
+    assert row["Own"] == human(fc.by_type()["SelfAttention"].exclusive.flops)
+    with pytest.raises(ValueError, match="group must be one of"):
+        fc.table(group="class")

@@ -41,6 +41,7 @@ from dispatch_flops.results.stats import (
 )
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
+GROUPS = (None, "type")  # table(group=...): a row per module, or per module class
 NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)
 IN_GRAPH = "in graph"  # the time cells of a module run inside a compiled graph: it has none
 
@@ -67,6 +68,7 @@ class _Run:
     spread: dict  # name -> {figure: (min, mean, max) over ranks}, with ranks=True; else {}
     in_graphs: frozenset = frozenset()  # modules run inside a compiled graph (no own time)
     model_phases: dict = field(default_factory=dict)  # MODEL_PHASES: phase -> by_module
+    by_type: bool = False  # rows are module classes (group="type")
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,8 @@ def _timed(cell: Callable) -> Callable:
 # module's name says) is the first to go, then the least needed figures.
 COLUMNS: tuple = (
     Column("module", "Module", "Module", 0, lambda run, name, m: name),  # laid out apart
-    Column("type", "Type", "Type", 16, lambda run, name, m: run.types.get(name, "")),
+    Column("type", "Type", "Type", 16, lambda run, name, m: run.types.get(name, ""),
+           lambda run: not run.by_type),
     Column("calls", "Calls", "Calls", 7, _calls),
     Column("params", "Params", "Params", 9, lambda run, name, m: human(m.params)),
     Column("macs", "MACs", "MACs", 10, lambda run, name, m: human(m.macs)),
@@ -130,6 +133,9 @@ COLUMNS: tuple = (
     _phase_column(OPTIMIZER, 14),
     _phase_column(RECOMPUTE, 14),
     _phase_column(OTHER, 14),
+    # a class's own flops (group="type"): they sum to the total, its inclusive ones overlap
+    Column("own_flops", "Own FLOPs", "Own", 1, lambda run, name, m: human(m.exclusive.flops),
+           lambda run: run.by_type),
     Column("percent", "% FLOPs", "%FLOPs", 2, lambda run, name, m: _percent(m.flops, run.total)),
     Column("read", "Read", "Read", 12, lambda run, name, m: human(m.bytes_read, "B")),
     Column("written", "Written", "Wrote", 12, lambda run, name, m: human(m.bytes_written, "B")),
@@ -247,25 +253,33 @@ def _render(header_row: list, rows: list) -> str:
 
 
 def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = None,
-                 width: Optional[int] = None, ops: int = 0, ranks: bool = False) -> str:
+                 width: Optional[int] = None, ops: int = 0, ranks: bool = False,
+                 group: Optional[str] = None) -> str:
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be an int >= 0 (0 shows the root only), got {depth!r}")
     if not isinstance(ops, int) or isinstance(ops, bool) or ops < 0:
         raise ValueError(f"ops must be an int >= 0 (top ops listed under each module), "
                          f"got {ops!r}")
     fit = check_width(width)
-    modules = counter.by_module()
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    if group == "type" and ranks:
+        raise ValueError("table(group='type') has no per-rank columns: ranks=False")
+    # group="type": a row per module class, its figures from by_type()
+    of = counter.by_type if group == "type" else counter.by_module
+    modules = of()
     by_phase = counter.by_phase()
     shown_phases = _shown_phases(by_phase)
-    run = _Run(counter, modules, {p: counter.by_module(phase=p) for p in shown_phases},
+    run = _Run(counter, modules, {p: of(phase=p) for p in shown_phases},
                counter.module_types(), counter.total.flops,
                modules[ROOT].latency_s if counter.timing and ROOT in modules else None,
                counter.imbalance() if ranks else {}, frozenset(counter.in_graphs),
-               {p: counter.by_module(phase=p) for p in MODEL_PHASES})
+               {p: of(phase=p) for p in MODEL_PHASES}, group == "type")
     available = [c for c in COLUMNS if c.applies(run)]
     # columns the reader picked are all kept: the table fits by shortening names only
     chosen = available if columns is None else _chosen(columns, available, run)
-    names = [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
+    names = list(modules) if group == "type" else \
+        [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
     table, shown = _fitted(run, names, chosen, fit, ops, droppable=columns is None)
     footer = _footer(counter, by_phase, names, modules, {c.key for c in shown})
     # prose lines wrap at the same width
@@ -328,6 +342,8 @@ def _widest(text: str) -> int:
 def _table(run, names: list, chosen: list, short: bool, limit: Optional[int],
            ops: int, ops_only: bool = False) -> str:
     header_row = [c.short if short else c.header for c in chosen]
+    if run.by_type:
+        header_row[0] = "Class"
     return _render(header_row, _rows(run, names, chosen, limit, ops, ops_only))
 
 
@@ -363,6 +379,10 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
     """The notes that apply to the table as printed: a column's note only with its column,
     the model / hardware flops only where they differ."""
     lines = [coverage_line(counter.coverage())]
+    if "own_flops" in shown:
+        lines.append("By module class: FLOPs inclusive (a class inside another counts in "
+                     "both, so they overlap); Own FLOPs, the ops its modules ran directly, sum "
+                     "to the total")
     if counter.ranks:
         lines.append(f"Gathered from {len(counter.ranks)} ranks: counts summed over ranks")
     if getattr(counter, "steps", 1) > 1:  # a FlopCounter is one step
