@@ -166,3 +166,26 @@ def test_table_by_type():
     assert row["Own"] == human(fc.by_type()["SelfAttention"].exclusive.flops)
     with pytest.raises(ValueError, match="group must be one of"):
         fc.table(group="class")
+
+
+# -- a roofline's bound follows its own times ------------------------------------------------
+def test_a_generation_rooflines_bound_follows_its_times():
+    """Each step's Compute and Memory are the time of its ops on each roof: they sum to its
+    attainable time, and the bound is the larger, in the data and in the printed rows."""
+    import transformers
+
+    from dispatch_flops import profile_generate
+
+    torch.manual_seed(0)
+    llm = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, vocab_size=64, n_positions=64)).eval()
+    gp = profile_generate(llm, torch.randint(0, 64, (2, 32)), max_new_tokens=3,
+                          do_sample=False)
+    for device in ("H100-SXM", "L4"):
+        roof = gp.roofline(device)
+        for r in roof.steps:
+            assert r.compute_s + r.memory_s == pytest.approx(r.attainable_s)
+            assert r.bound == ("compute-bound" if r.compute_s >= r.memory_s else "memory-bound")
+        for line in roof.table(width=200).splitlines()[3:3 + len(roof.steps)]:
+            cells = line.split()
+            assert "bound" in line and cells[-1].endswith("-bound")

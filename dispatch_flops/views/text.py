@@ -186,7 +186,9 @@ def generation_roofline_table(roof: GenerationRoofline, width: Optional[int] = N
     fit = check_width(width)
     table = _fitted(headers, rows, fit, ("FLOP/B", "Measured"))
     return "\n".join(_prose([f"{roof.device}: time = the sum of each op's max(flops / peak, "
-                             "bytes / bandwidth)"], fit) + [table] + _prose([repr(roof)], fit))
+                             "bytes / bandwidth); Compute, Memory: the time of the ops on "
+                             "each roof (Attainable is their sum); bound: the larger"], fit)
+                      + [table] + _prose([repr(roof)], fit))
 
 
 def generation_table(gp: GenerationProfile, width: Optional[int] = None) -> str:

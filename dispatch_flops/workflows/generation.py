@@ -396,7 +396,9 @@ class GenerationProfile:
         one in ``DEVICES``) at ``dtype`` (the model's parameter dtype when None): time to
         first token, time per decode step and tokens/s, attainable and (timing on) measured.
         A step's attainable time is the sum of its ops' ``max(flops / peak, bytes /
-        bandwidth)``; it is bound where most of that time goes."""
+        bandwidth)``: its ``compute_s`` is the time of the ops on the compute roof, its
+        ``memory_s`` that of the ops on the memory roof (the two sum to ``attainable_s``),
+        and it is bound by the larger."""
         if isinstance(device, str):
             if device not in DEVICES:
                 raise ValueError(f"unknown device {device!r}; built in: {sorted(DEVICES)} "
@@ -425,8 +427,8 @@ class GenerationProfile:
                 arithmetic_intensity=p.total.arithmetic_intensity, attainable_s=attainable,
                 bound=COMPUTE_BOUND if compute_bound >= memory_bound else MEMORY_BOUND,
                 efficiency=attainable / p.wall_s if p.wall_s and attainable else None,
-                compute_s=p.total.flops / peak, memory_s=p.total.bytes / bandwidth,
-                comm_s=0.0)
+                # the times the bound is decided on: a row's bound follows its own figures
+                compute_s=compute_bound, memory_s=memory_bound, comm_s=0.0)
 
         steps = tuple(place(p) for p in self.steps)
         first = steps[0].attainable_s + (place(self.encoder).attainable_s
