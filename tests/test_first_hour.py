@@ -189,3 +189,33 @@ def test_a_generation_rooflines_bound_follows_its_times():
         for line in roof.table(width=200).splitlines()[3:3 + len(roof.steps)]:
             cells = line.split()
             assert "bound" in line and cells[-1].endswith("-bound")
+
+
+# -- the meter: its peak from the start, tokens or why there are none -----------------------
+def test_the_meters_peak_is_known_at_construction():
+    from dispatch_flops import DeviceSpec, ThroughputMeter
+
+    spec = DeviceSpec.cpu(1e11, 2e10)
+    meter = ThroughputMeter(tiny_gpt(), device=spec)
+    assert meter.peak_flop_s == 1e11 and meter.peak.startswith("100 GFLOPS float32")
+    assert ThroughputMeter(tiny_gpt()).peak_flop_s is None  # a CPU without a spec: none
+
+
+def test_float_inputs_log_no_tokens_per_s_and_say_why():
+    from dispatch_flops import DeviceSpec, ThroughputMeter
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    meter = ThroughputMeter(model, device=DeviceSpec.cpu(1e11, 2e10), every=10)
+    x = torch.randn(4, 8)
+    with pytest.warns(RuntimeWarning, match="tokens="):
+        for _ in range(4):
+            with meter.step(x):
+                model(x).sum().backward()
+        reading = meter.reading()
+    assert "tokens_per_s" not in reading.metrics() and "mfu" in reading.metrics()
+    assert "no tokens/s (no token ids: step(batch, tokens=n))" in str(reading)
+    given = ThroughputMeter(model, device=DeviceSpec.cpu(1e11, 2e10), every=10)
+    for _ in range(4):
+        with given.step(x, tokens=4):
+            model(x).sum().backward()
+    assert given.reading().metrics()["tokens_per_s"] > 0

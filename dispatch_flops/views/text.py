@@ -277,7 +277,8 @@ def throughput_text(reading: ThroughputReading) -> str:
     """One line: timed steps, s/step, tokens/s, model and hardware flops per step, MFU / HFU
     and their peak (or why there is none), then the steps left out of the figures."""
     r = reading
-    tokens = f"{r.tokens_per_s:,.0f} tokens/s, " if r.tokens else ""
+    tokens = f"{r.tokens_per_s:,.0f} tokens/s, " if r.tokens else \
+        "no tokens/s (no token ids: step(batch, tokens=n)), "
     text = (f"{r.steps} timed steps: {r.step_s:.4g} s/step, {tokens}"
             f"model {_flops(r.model_flops)}/step, "
             f"hardware {_flops(r.hardware_flops)}/step")
