@@ -3,6 +3,7 @@ fits the terminal, a view by module type, a roofline's bound that follows its ow
 calibration that says how far to trust it, and the meter's peak and tokens."""
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -56,8 +57,6 @@ def _views():
     (default, explicit columns, op rows, a gathered run with ranks=True), MoE expert load,
     the MFU conventions, a generation's table and roofline. (A throughput reading and
     ``mfu_text`` are one line each, log lines: not laid out to a width.)"""
-    import warnings
-
     import transformers
     from moe_models import ListMoE
 
@@ -219,3 +218,63 @@ def test_float_inputs_log_no_tokens_per_s_and_say_why():
         with given.step(x, tokens=4):
             model(x).sum().backward()
     assert given.reading().metrics()["tokens_per_s"] > 0
+
+
+# -- calibration that says how far to trust it -----------------------------------------------
+def _fake_rates(monkeypatch, per_round):
+    """calibration's timer replaced: round r of every figure reaches ``per_round[r]`` (x1e9;
+    fp8 never runs, int8 at a millionth): the arithmetic, not this machine, under test."""
+    from dispatch_flops.results import calibration
+
+    names: dict = {}  # each figure's make function -> its dtype
+    seen: dict = {}
+    real = calibration._matmuls
+
+    def matmuls(device):
+        made = real(device)
+        names.update({make: dtype for dtype, make in made.items()})
+        return made
+
+    def best_rate(clock, make, slice_s, sizes):
+        key = names.get(make, "copy")
+        r = seen[key] = seen.get(key, -1) + 1
+        if key == "float8_e4m3fn":
+            return None, sizes[0]
+        return per_round[r] * 1e9 * (1e-6 if key == "int8" else 1), sizes[0]
+
+    monkeypatch.setattr(calibration, "_matmuls", matmuls)
+    monkeypatch.setattr(calibration, "_best_rate", best_rate)
+
+
+def test_calibration_reports_its_spread_and_what_it_left_out(monkeypatch):
+    from dispatch_flops import DeviceSpec
+    from dispatch_flops.results.calibration import CalibrationWarning
+
+    _fake_rates(monkeypatch, [100.0, 90.0, 95.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationWarning)  # 10 %: no warning
+        spec = DeviceSpec.calibrate("cpu", budget_s=1)
+    c = spec.calibration
+    assert spec.peak_flops("float32") == 100e9 and c.rounds == 3
+    assert c.spread["float32"] == pytest.approx(0.1)
+    assert set(c.left_out) == {"float8_e4m3fn", "int8"}
+    assert "raised" in c.left_out["float8_e4m3fn"] and "emulated" in c.left_out["int8"]
+    assert "int8" not in spec.peak_flops_by_dtype
+    assert "(spread 10 % over 3 rounds)" in _timed_profile().mfu_text(spec)
+
+
+def test_a_busy_machines_calibration_warns(monkeypatch):
+    from dispatch_flops import DeviceSpec
+    from dispatch_flops.results.calibration import CalibrationWarning
+
+    _fake_rates(monkeypatch, [100.0, 20.0, 60.0])
+    with pytest.warns(CalibrationWarning, match="80%"):
+        spec = DeviceSpec.calibrate("cpu", budget_s=1)
+    assert spec.calibration.largest_spread == pytest.approx(0.8)
+
+
+def _timed_profile():
+    model = nn.Linear(64, 64)
+    with FlopCounter(model, timing=True) as fc:
+        model(torch.randn(32, 64))
+    return fc.to_profile()
