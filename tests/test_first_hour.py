@@ -278,3 +278,37 @@ def _timed_profile():
     with FlopCounter(model, timing=True) as fc:
         model(torch.randn(32, 64))
     return fc.to_profile()
+
+
+# -- the README's install and the docs' figures ----------------------------------------------
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def test_readme_install_has_a_cpu_line_and_the_quickstart_two_commands():
+    text = (ROOT / "README.md").read_text()
+    install = text[text.index("## Install"):text.index("## Quickstart")]
+    assert "pip install torch --index-url\nhttps://download.pytorch.org/whl/cpu" in install \
+        or "pip install torch --index-url https://download.pytorch.org/whl/cpu" in install
+    assert '-m "not slow"' in install
+    quick = text[text.index("## Quickstart"):]
+    commands = quick[quick.index("```bash\n") + 8:quick.index("```", quick.index("```bash\n") + 8)]
+    assert len(commands.strip().splitlines()) == 2
+
+
+def test_the_device_count_the_docs_quote_is_the_tables():
+    from dispatch_flops import DEVICES
+
+    for page in ("README.md", "docs/timing.md"):
+        counts = re.findall(r"(\d+)\s+accelerators", (ROOT / page).read_text())
+        assert counts and {int(n) for n in counts} == {len(DEVICES)}, page
+
+
+def test_exports_sum_the_exclusive_column_per_phase():
+    """docs/exports.md: rows are inclusive; exclusive_flops per phase is by_phase()'s."""
+    pytest.importorskip("pandas")
+    fc = _trained()
+    df = fc.to_dataframe()
+    sums = df.groupby("phase").exclusive_flops.sum()
+    for phase, stats in fc.by_phase().items():
+        assert sums.get(phase, 0) == stats.flops, phase
+    assert df.flops.sum() > fc.total.flops  # the inclusive column counts ops repeatedly
