@@ -46,7 +46,8 @@ class CalibrationWarning(UserWarning):
 class Calibration:
     """How a calibrated ``DeviceSpec``'s figures were measured: ``rounds``, each figure's
     ``spread`` over them ((best - worst) / best of each round's best; ``"bandwidth"`` for
-    the copy), and the dtypes ``left_out`` with the reason.
+    the copy; 0 after one round: a busy machine that spent the budget in the first gets no
+    more, and ``rounds`` says so), and the dtypes ``left_out`` with the reason.
 
     >>> spec = DeviceSpec.calibrate()
     >>> spec.calibration.spread["float32"], spec.calibration.left_out
@@ -199,8 +200,14 @@ def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
     reached: dict[str, tuple[int, int]] = {}  # figure -> sizes: grown in the first round only
     failed: set = set()
     items = [(BANDWIDTH, copy)] + list(makers.items())
+    rounds = 0
     try:
         for round_ in range(ROUNDS):
+            # the first round measures every figure whatever the time; a later one only
+            # within the budget (a busy machine that overran it gets fewer rounds, said so)
+            if round_ and time.perf_counter() >= deadline:
+                break
+            rounds += 1
             for done, (key, make) in enumerate(items):
                 if key in failed:
                     continue
@@ -235,10 +242,10 @@ def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
     if not bandwidth or "float32" not in peaks:
         raise RuntimeError(f"calibrate: could not time a float32 matmul and a copy on "
                            f"{resolved} within {budget_s:g} s; give a larger budget_s")
-    calibration = Calibration(ROUNDS, spread, left_out)
+    calibration = Calibration(rounds, spread, left_out)
     if calibration.largest_spread > SPREAD_WARNED:
         worst = max(spread, key=lambda k: spread[k])
-        warnings.warn(f"calibrate: the {ROUNDS} rounds' figures disagree by up to "
+        warnings.warn(f"calibrate: the {rounds} rounds' figures disagree by up to "
                       f"{calibration.largest_spread:.0%} ({worst}): the machine is busy, so "
                       "these peaks are unsure; calibrate again on an idle machine, or pass "
                       "your own figures (DeviceSpec.cpu(...))", CalibrationWarning,
