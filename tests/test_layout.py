@@ -227,7 +227,8 @@ def test_a_counter_and_a_profile_answer_the_same_view(name):
 
 def test_views_have_real_signatures():
     parameters = inspect.signature(FlopCounter.table).parameters
-    assert list(parameters) == ["self", "depth", "columns", "width", "ops", "ranks"]
+    assert list(parameters) == ["self", "depth", "columns", "width", "ops", "ranks",
+                                "group"]
     assert {"imbalance", "logical", "graph_runs", "in_graphs"} <= set(queries.VIEWS)
     public = {n for n in dir(Profile) if not n.startswith("_")}
     facts = {"from_dict", "from_json", "merge", "per_step", "with_medians", "replace", "memo",

@@ -1,9 +1,12 @@
-"""Every ```python block of README.md and of the pages in docs/ runs as written: each file's
-blocks in order, in one namespace, on the reader's own objects (a tiny GPT as ``model``, its
-input ``x``, ...), except the torchrun block, which runs as a script on 2 real processes
-(gloo). Blocks that build a model of their own (GPT-2, BERT-base) build it from its config, as
-the text says: no download. After some blocks, a check that the block did what its comments
-say; a ```text block right after a python block is what it prints, compared exactly."""
+"""Every ```python block of README.md and of the pages in docs/ runs as written: each block
+in a fresh namespace, after the page's setup block when it has one (its first block, whose
+first line starts ``# Setup:``, shown at the top of the page), with nothing else but the
+reader's own objects the page's text names before the block (README's "`model` is your
+`nn.Module`, `x` its input", the trainer's `args` and `data`): never a module, never an
+import the page does not show. The torchrun block runs as a script on 2 real processes (gloo).
+Blocks that build a model of their own (GPT-2, BERT-base) build it from its config, as the
+text says: no download. After some blocks, a check that the block did what its comments say;
+a ```text block right after a python block is what it prints, compared exactly."""
 
 import ast
 import contextlib
@@ -53,23 +56,34 @@ def tiny_gpt() -> GPT:
 
 
 def _user_objects() -> dict:
-    """What the blocks take as the reader's own: a tiny model, its input, a training step."""
-    model = tiny_gpt()
-    x = torch.randint(0, 64, (2, 8))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    logged = []
+    """The reader's own objects a page may name instead of building them: a tiny model and
+    its input. No module (``torch``): a block imports what it uses."""
+    return {"model": tiny_gpt(), "x": torch.randint(0, 64, (2, 8))}
 
-    def train_step(batch=x):
-        model(batch).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
 
-    from dispatch_flops import measure
+SETUP = "# Setup:"  # the first line of a page's setup block
 
-    fc = measure(model, (x,), warmup=1, repeat=1)  # a timed run, for the blocks that read one
-    return {"torch": torch, "model": model, "x": x, "optimizer": optimizer, "fc": fc,
-            "train_step": train_step, "loader": [x, x], "log": lambda **kw: logged.append(kw),
-            "_logged": logged}
+
+def _free_names(code: str) -> set:
+    """Names ``code`` reads that it never binds (assigns, imports, defines)."""
+    tree = ast.parse(code)
+    read, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return read - bound
+
+
+def _prose_before(page: Path, line: int) -> str:
+    """The page's text above ``line``, code blocks left out."""
+    text = "\n".join(page.read_text().splitlines()[:line])
+    return re.sub(r"```.*?```", "", text, flags=re.S)
 
 
 def _tiny_gpt2():
@@ -178,8 +192,7 @@ def _readme_log_line(ns, code):
 
 # After the last block of a page: what its blocks left behind.
 def _counting_done(ns, tmp_path):
-    assert len(ns["_logged"]) == 2 and ns["_logged"][0]["flops"] > 0  # the logger loop
-    assert ns["run"].steps == 2
+    assert ns["run"].steps == 2 and ns["run"].total.flops > 0  # the logger loop
 
 
 def _exports_done(ns, tmp_path):
@@ -240,7 +253,7 @@ def test_docs_index_links_every_page():
 
 
 @pytest.mark.parametrize("page", [name(p) for p in PAGES if blocks(p)])
-def test_python_blocks_run(page, tmp_path, monkeypatch):
+def test_python_blocks_run(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # blocks write run.json, run.csv, trace.json, trainer logs
     monkeypatch.delenv("COLUMNS", raising=False)  # shown tables are 100 columns wide
     import matplotlib
@@ -248,19 +261,27 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
     from dispatch_flops.formulas import ELEMENT_COSTS
 
     costs = dict(ELEMENT_COSTS)  # conventions.md shows how to change them: set back after
-    own = _user_objects()
-    namespace = dict(own)
+    found = [b for b in blocks(ROOT / page) if not b[1].startswith(TORCHRUN)]
+    setup = found[0][1] if found and found[0][1].startswith(SETUP) else ""
+    merged: dict = {}  # every block's names, for the page's last check
     ran = 0
     try:
-        for line, code, shown in blocks(ROOT / page):
-            if code.startswith(TORCHRUN):
-                continue
-            namespace.update(own)  # a block that builds its own model shadows the reader's
-            for key, given in GIVEN.items():
+        for line, code, shown in found[1 if setup else 0:]:
+            given = _user_objects()
+            for key, make in GIVEN.items():
                 if key in code:
-                    namespace.update(given())
+                    given.update(make())
+            # only what the page names as the reader's own, and the block does not build
+            wanted = {n for n in _free_names(setup + code) if n in given}
+            prose = _prose_before(ROOT / page, line)
+            undeclared = [n for n in sorted(wanted) if f"`{n}`" not in prose]
+            assert not undeclared, f"{page}:{line} uses {undeclared}: the page never names them"
+            namespace = {"__name__": "__main__"}
             printed = io.StringIO()
             try:
+                if setup:
+                    exec(compile(setup, f"{page}:setup", "exec"), namespace)
+                namespace.update({n: given[n] for n in wanted})
                 with contextlib.redirect_stdout(printed) if shown is not None \
                         else contextlib.nullcontext():
                     exec(compile(code, f"{page}:{line}", "exec"), namespace)
@@ -273,13 +294,33 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
             if shown is not None:
                 assert printed.getvalue() == shown, (
                     f"{page} block at line {line} prints, now:\n{printed.getvalue()}")
+            merged.update(namespace)
             ran += 1
         if page in DONE:
-            DONE[page](namespace, tmp_path)
+            DONE[page](merged, tmp_path)
     finally:
         ELEMENT_COSTS.clear()
         ELEMENT_COSTS.update(costs)
-    assert ran == sum(not code.startswith(TORCHRUN) for _, code, _ in blocks(ROOT / page))
+    assert ran == len(found) - bool(setup)
+
+
+def test_a_setup_block_is_the_first_block_and_shown():
+    """A setup block is a page's first python block (its first line ``# Setup:``), before any
+    other; no other block is one."""
+    for page in PAGES:
+        codes = [code for _, code, _ in blocks(page)]
+        assert all(not c.startswith(SETUP) for c in codes[1:]), name(page)
+
+
+def test_no_block_leans_on_a_module_the_page_does_not_import():
+    """What the runner may hand a block is the reader's objects, never a module: a block that
+    reads ``torch`` imports it (or its page's setup does)."""
+    assert not any(isinstance(v, type(torch)) for v in _user_objects().values())
+    for page in PAGES:
+        found = [b for b in blocks(page) if not b[1].startswith(TORCHRUN)]
+        setup = found[0][1] if found and found[0][1].startswith(SETUP) else ""
+        for line, code, _ in found:
+            assert "torch" not in _free_names(setup + code), f"{name(page)}:{line}"
 
 
 PRELUDE = '''\

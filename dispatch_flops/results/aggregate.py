@@ -147,3 +147,63 @@ def by_module(profile: Profile, phase: Optional[str]) -> dict[str, ModuleStats]:
         )
         for name in sorted(names, key=lambda n: (order.get(n, len(order)), n))
     }
+
+
+def by_type(profile: Profile, phase: Optional[str]) -> dict[str, ModuleStats]:
+    """Figures per module class (``ModuleStats`` named by the class): inclusive, every op run
+    while a module of the class ran, counted once however many of them were nested;
+    exclusive, the ops the class's modules ran directly. ``calls``: the class's module calls;
+    ``params``: those of its outermost modules (a nested one's are in its parent's). Largest
+    inclusive flops first."""
+    facts, timed = profile.module_facts, profile.timing
+    types = dict(zip(facts.names, facts.types))
+    calls = facts.calls
+    inclusive: dict[str, list] = {}
+    exclusive: dict[str, list] = {}
+    operators: dict[str, dict] = {}
+    credits: dict[tuple, set] = {}
+    for key, counts in profile.rows:
+        if phase is not None and key.phase != phase:
+            continue
+        stack = key.stack
+        if stack[-1] in types:
+            accumulate(exclusive, types[stack[-1]], counts)
+        classes = credits.get(stack)
+        if classes is None:
+            classes = credits[stack] = {types[n] for n in credited(stack, calls) if n in types}
+        for cls in classes:
+            accumulate(inclusive, cls, counts)
+            accumulate(operators.setdefault(cls, {}), key.operator, counts)
+    params: dict[str, int] = {}
+    called: dict[str, int] = {}
+    for name, count in zip(facts.names, facts.params):
+        cls = types[name]
+        called[cls] = called.get(cls, 0) + calls.get(name, 0)
+        outer = [p for p in _parents(name) if types.get(p) == cls]
+        if not outer:
+            params[cls] = params.get(cls, 0) + count
+    zero = (0,) * len(ROW)
+
+    def stats(counts) -> Stats:
+        return Stats.of(counts[:-1], counts[-1], timed)
+
+    ran = set(inclusive) | {cls for cls, n in called.items() if n}
+    return {
+        cls: ModuleStats(
+            name=cls, calls=called.get(cls, 0), params=params.get(cls, 0),
+            inclusive=stats(inclusive.get(cls, zero)), exclusive=stats(exclusive.get(cls, zero)),
+            by_operator=frozen_mapping({op: stats(c)
+                                        for op, c in operators.get(cls, {}).items()}))
+        for cls in sorted(ran, key=lambda c: (-inclusive.get(c, zero)[_FLOPS], c))
+    }
+
+
+_FLOPS = ROW.index("flops")
+
+
+def _parents(name: str) -> list[str]:
+    """The module names above ``name``, the root ("") included."""
+    if name == ROOT:
+        return []
+    parts = name.split(".")
+    return [ROOT] + [".".join(parts[:i]) for i in range(1, len(parts))]

@@ -9,16 +9,23 @@ What it runs, within ``budget_s`` (default 5 s on a CPU, 10 s on a GPU, at most 
   grown until one product takes a measurable time, then repeated; 2·n³ flops a product;
   on CUDA float32 runs with tf32 off and ``"tf32"`` with it on (the setting is restored).
 
-Each figure is the best repetition: what the device was seen to reach, the achievable peak
-(below a datasheet's, which assumes boost clocks and perfect kernels). GPU times come from
-CUDA events after a synchronize; CPU ones from the host clock. A dtype the device does not
-run (an error, or a product slower than a thousandth of float32's) is left out.
+Every figure is measured in ``ROUNDS`` rounds, each measuring all of them in turn (so a
+machine that gets busy halfway is seen in every figure), and is the best repetition of all
+rounds: what the device was seen to reach, the achievable peak (below a datasheet's, which
+assumes boost clocks and perfect kernels). How far apart the rounds' bests lie is its
+``spread`` (``Calibration``), with a ``CalibrationWarning`` above ``SPREAD_WARNED``: a
+loaded machine, whose figures say little. GPU times come from CUDA events after a
+synchronize; CPU ones from the host clock. Every run tries the same dtypes; one the device
+does not run (an error, or a product slower than a thousandth of float32's) is left out,
+with the reason in ``Calibration.left_out``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Union
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Union
 
 import torch
 
@@ -26,6 +33,33 @@ MAX_BUDGET_S = 30.0
 DEFAULT_BUDGET_S = {"cpu": 5.0, "gpu": 10.0}
 _CPU_COPY_BYTES = 128 << 20
 _GPU_COPY_BYTES = 1 << 30
+ROUNDS = 3
+SPREAD_WARNED = 0.25  # (best - worst) / best of the rounds' figures
+BANDWIDTH = "bandwidth"  # the copy's key in Calibration.spread
+
+
+class CalibrationWarning(UserWarning):
+    """A calibration whose rounds disagree: the machine was busy, the figures are unsure."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How a calibrated ``DeviceSpec``'s figures were measured: ``rounds``, each figure's
+    ``spread`` over them ((best - worst) / best of each round's best; ``"bandwidth"`` for
+    the copy; 0 after one round: a busy machine that spent the budget in the first gets no
+    more, and ``rounds`` says so), and the dtypes ``left_out`` with the reason.
+
+    >>> spec = DeviceSpec.calibrate()
+    >>> spec.calibration.spread["float32"], spec.calibration.left_out
+    """
+
+    rounds: int
+    spread: Mapping[str, float] = field(default_factory=dict)
+    left_out: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def largest_spread(self) -> float:
+        return max(self.spread.values(), default=0.0)
 
 
 def _resolve(device: Union[str, torch.device, None]) -> torch.device:
@@ -72,10 +106,11 @@ class _Clock:
 
 
 def _best_rate(clock: _Clock, make: Callable[[int], tuple[Callable[[], object], float]],
-               slice_s: float, sizes: tuple[int, int]) -> Optional[float]:
+               slice_s: float, sizes: tuple[int, int]) -> tuple[Optional[float], int]:
     """The best work / second of ``make(n)``'s call (``(call, work)``): ``n`` doubled from
     ``sizes[0]`` while a call stays short (up to ``sizes[1]``), then repeated until
-    ``slice_s`` is spent. ``None`` when the call fails on this device."""
+    ``slice_s`` is spent; and the ``n`` it reached. ``None`` when the call fails on this
+    device."""
     deadline = time.perf_counter() + slice_s
     n, best = sizes[0], 0.0
     try:
@@ -95,8 +130,8 @@ def _best_rate(clock: _Clock, make: Callable[[int], tuple[Callable[[], object], 
             took = clock(call)
             best = max(best, work / took if took > 0 else 0.0)
     except (RuntimeError, TypeError, NotImplementedError, ValueError):
-        return None
-    return best or None
+        return None, n
+    return best or None, n
 
 
 def _matmuls(device: torch.device) -> dict[str, Callable[[int], tuple[Callable, float]]]:
@@ -131,9 +166,11 @@ def _matmuls(device: torch.device) -> dict[str, Callable[[int], tuple[Callable, 
 
 
 def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
-              name: Optional[str]) -> tuple[str, dict[str, float], float, Optional[tuple]]:
-    """``DeviceSpec.calibrate``'s measurements: ``(name, peaks, bandwidth, identity)``,
-    ``identity`` the GPU's ``(name, total memory, multiprocessors)`` (None on a CPU)."""
+              name: Optional[str]
+              ) -> tuple[str, dict[str, float], float, Optional[tuple], Calibration]:
+    """``DeviceSpec.calibrate``'s measurements: ``(name, peaks, bandwidth, identity,
+    calibration)``, ``identity`` the GPU's ``(name, total memory, multiprocessors)`` (None on
+    a CPU)."""
     resolved = _resolve(device)
     kind = "gpu" if resolved.type == "cuda" else "cpu"
     if budget_s is None:
@@ -145,7 +182,6 @@ def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
     started = time.perf_counter()
     deadline = started + budget_s * 0.95  # set-up and the last repetition's overrun
     makers = _matmuls(resolved)
-    shares = len(makers) + 1  # the copy takes one share
     tf32_before = torch.backends.cuda.matmul.allow_tf32
     if kind == "gpu":
         total = torch.cuda.get_device_properties(resolved).total_memory
@@ -160,31 +196,64 @@ def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
         src.fill_(1)
         return (lambda: dst.copy_(src)), 2.0 * nbytes  # read once, written once
 
+    rates: dict[str, list] = {}  # figure -> each round's best
+    reached: dict[str, tuple[int, int]] = {}  # figure -> sizes: grown in the first round only
+    failed: set = set()
+    items = [(BANDWIDTH, copy)] + list(makers.items())
+    rounds = 0
     try:
-        peaks: dict[str, float] = {}
-        bandwidth = None
-        for done, (dtype, make) in enumerate(makers.items()):
-            left = deadline - time.perf_counter()
-            if done == 1:  # float32 and the copy are measured whatever the time left
-                bandwidth = _best_rate(clock, copy, max(left, 0) / (shares - done), (1, 1))
-                left = deadline - time.perf_counter()
-            if left <= 0 and dtype != "float32":
+        for round_ in range(ROUNDS):
+            # the first round measures every figure whatever the time; a later one only
+            # within the budget (a busy machine that overran it gets fewer rounds, said so)
+            if round_ and time.perf_counter() >= deadline:
                 break
-            if kind == "gpu":
-                torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-            rate = _best_rate(clock, make, max(left, 0) / (shares - done - 1), sizes)
-            # a dtype emulated far below float32 (no kernel for it) is no peak to divide by
-            if rate and (dtype == "float32" or rate > peaks.get("float32", 0) / 1000):
-                peaks[dtype] = rate
+            rounds += 1
+            for done, (key, make) in enumerate(items):
+                if key in failed:
+                    continue
+                left = max(deadline - time.perf_counter(), 0.0)
+                slots = (ROUNDS - round_) * len(items) - done  # this one and those after it
+                if kind == "gpu":
+                    torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
+                rate, n = _best_rate(clock, make, left / slots,
+                                     reached.get(key, (1, 1) if key == BANDWIDTH else sizes))
+                reached[key] = (n, n)
+                if rate is None:
+                    failed.add(key)
+                    continue
+                rates.setdefault(key, []).append(rate)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_before
+    bandwidth = max(rates.get(BANDWIDTH, [0.0])) or None
+    float32 = max(rates.get("float32", [0.0]))
+    peaks: dict[str, float] = {}
+    left_out: dict[str, str] = {}
+    for dtype in makers:
+        best = max(rates.get(dtype, [0.0]))
+        if dtype in failed or not best:
+            left_out[dtype] = "not run on this device (the product raised)"
+        elif dtype != "float32" and best <= float32 / 1000:
+            # emulated far below float32 (no kernel for it): no peak to divide by
+            left_out[dtype] = f"emulated: {best / float32:.2g} x float32's rate"
+        else:
+            peaks[dtype] = best
+    spread = {key: (max(r) - min(r)) / max(r) for key, r in rates.items()
+              if key == BANDWIDTH or key in peaks}
     if not bandwidth or "float32" not in peaks:
         raise RuntimeError(f"calibrate: could not time a float32 matmul and a copy on "
                            f"{resolved} within {budget_s:g} s; give a larger budget_s")
+    calibration = Calibration(rounds, spread, left_out)
+    if calibration.largest_spread > SPREAD_WARNED:
+        worst = max(spread, key=lambda k: spread[k])
+        warnings.warn(f"calibrate: the {rounds} rounds' figures disagree by up to "
+                      f"{calibration.largest_spread:.0%} ({worst}): the machine is busy, so "
+                      "these peaks are unsure; calibrate again on an idle machine, or pass "
+                      "your own figures (DeviceSpec.cpu(...))", CalibrationWarning,
+                      stacklevel=3)
     label = name or (torch.cuda.get_device_name(resolved) if kind == "gpu" else "cpu")
     identity = None
     if kind == "gpu":  # what names it in DEVICES, whose links it keeps (links are not timed)
         props = torch.cuda.get_device_properties(resolved)
         identity = (torch.cuda.get_device_name(resolved), props.total_memory,
                     props.multi_processor_count)
-    return label, peaks, bandwidth, identity
+    return label, peaks, bandwidth, identity, calibration

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 class Presenter(Protocol):
     def table(self, profile: Profile, depth: int, *, columns: Optional[Sequence[str]],
-              width: Optional[int], ops: int, ranks: bool) -> str: ...
+              width: Optional[int], ops: int, ranks: bool, group: Optional[str] = None
+              ) -> str: ...
 
     def torch_table(self, flop_counts: dict, depth: Optional[int]) -> str: ...
 

@@ -101,6 +101,20 @@ class ProfileViews:
         p = self.to_profile()
         return dict(p.memo(("modules", phase), lambda: aggregate.by_module(p, phase)))
 
+    def by_type(self, phase: Optional[str] = None) -> dict[str, ModuleStats]:
+        """``{class name: ModuleStats}``: what each kind of module costs (attention, MLP,
+        norms, embeddings), largest first. ``inclusive``: every op run while a module of
+        that class ran, once however deep they nest; ``exclusive``: the ops its modules ran
+        directly (exclusive figures sum to ``total``). ``table(group="type")`` prints it.
+
+        >>> with FlopCounter(model) as fc:
+        ...     model(x)
+        >>> fc.by_type()["CausalSelfAttention"].flops / fc.total.flops   # attention's share
+        """
+        utilisation.check_phase(phase)
+        p = self.to_profile()
+        return dict(p.memo(("types", phase), lambda: aggregate.by_type(p, phase)))
+
     def module_names(self) -> list[str]:
         """Module names in ``named_modules()`` order (the table's tree order)."""
         return list(self.to_profile().module_facts.names)
@@ -336,20 +350,22 @@ class ProfileViews:
 
     # -- output -----------------------------------------------------------------------------
     def table(self, depth: int = 2, *, columns: Optional[Sequence[str]] = None,
-              width: Optional[int] = None, ops: int = 0, ranks: bool = False) -> str:
+              width: Optional[int] = None, ops: int = 0, ranks: bool = False,
+              group: Optional[str] = None) -> str:
         """The module tree to ``depth`` (0 = root only): each module's type, calls,
         parameters, counts in human units and % of total. It fits ``width`` characters (the
         terminal's, 100 when output is not a terminal) by abbreviating headers, dropping the
         least needed columns, then shortening module names; ``columns`` (keys of
         ``dispatch_flops.views.table.COLUMN_KEYS``, in order) picks them instead. ``ops=k``
         lists each module's k operators with the most flops under its row. ``ranks=True``
-        (a gathered Profile) adds min / max over ranks columns."""
+        (a gathered Profile) adds min / max over ranks columns. ``group="type"``: a row per
+        module class instead of per module (``by_type()``), with its own flops beside."""
         p = self.to_profile()
         if ranks and not p.ranks:
             raise ValueError("table(ranks=True) needs a gathered Profile: "
                              "dispatch_flops.distributed.gather(fc)")
         return present.presenter().table(p, depth, columns=columns, width=width, ops=ops,
-                                         ranks=ranks)
+                                         ranks=ranks, group=group)
 
     def __str__(self) -> str:
         return self.table()

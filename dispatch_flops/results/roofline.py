@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Union
 
 import torch
 
 from dispatch_flops.results.stats import Stats, StringEnum
+
+if TYPE_CHECKING:  # calibration.py runs kernels: imported when calibrate() is called
+    from dispatch_flops.results.calibration import Calibration
 
 
 class Bound(StringEnum):
@@ -82,6 +85,8 @@ class DeviceSpec:
     interconnect_bandwidth: Optional[float] = None
     network_bandwidth: Optional[float] = None
     source: str = "user"
+    # how a calibrated spec was measured: rounds, each figure's spread, dtypes left out
+    calibration: Optional[Calibration] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         peaks: dict[str, float] = {}
@@ -129,12 +134,13 @@ class DeviceSpec:
         """
         from dispatch_flops.results.calibration import calibrate
 
-        label, peaks, bandwidth, identity = calibrate(device, budget_s, name)
+        label, peaks, bandwidth, identity, calibration = calibrate(device, budget_s, name)
         link = network = None
         key = match_device(*identity)[0] if identity else None
         if key:  # links are not measured: the datasheet's, where there is one
             link, network = DEVICES[key].interconnect_bandwidth, DEVICES[key].network_bandwidth
-        return cls(label, peaks, bandwidth, link, network, source="calibrated")
+        return cls(label, peaks, bandwidth, link, network, source="calibrated",
+                   calibration=calibration)
 
     def peak_flops(self, dtype: DTypeLike = torch.float32) -> float:
         name = dtype_name(dtype)

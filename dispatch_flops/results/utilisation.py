@@ -170,6 +170,9 @@ def _peaks_in_words(spec: DeviceSpec, per_peak: dict[str, int]) -> str:
         whose = f"{spec.name} datasheet"
     elif spec.source == "calibrated":
         whose = f"calibrated on {spec.name}"
+        if spec.calibration is not None:  # how far to trust it
+            spread = max(spec.calibration.spread.get(d, 0.0) for d in dtypes)
+            whose += f" (spread {100 * spread:.0f} % over {spec.calibration.rounds} rounds)"
     else:
         whose = spec.name
     if len(dtypes) == 1:

@@ -22,9 +22,10 @@ class _Views:
     """The views room's ``results.present.Presenter``."""
 
     def table(self, profile: Profile, depth: int, *, columns: Optional[Sequence[str]],
-              width: Optional[int], ops: int, ranks: bool) -> str:
+              width: Optional[int], ops: int, ranks: bool, group: Optional[str] = None
+              ) -> str:
         return table.module_table(profile, depth, columns=columns, width=width, ops=ops,
-                                  ranks=ranks)
+                                  ranks=ranks, group=group)
 
     def torch_table(self, flop_counts: dict, depth: Optional[int]) -> str:
         return torch_table.torch_table(flop_counts, depth)

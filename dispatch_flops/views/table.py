@@ -13,10 +13,11 @@ apply to the columns shown, wrapped to the same width.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from tabulate import tabulate
@@ -28,6 +29,7 @@ from dispatch_flops.results.stats import (
     ESTIMATED,
     EXACT,
     FORWARD,
+    MODEL_PHASES,
     NO_ARITHMETIC,
     OPTIMIZER,
     OTHER,
@@ -39,6 +41,7 @@ from dispatch_flops.results.stats import (
 )
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
+GROUPS = (None, "type")  # table(group=...): a row per module, or per module class
 NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)
 IN_GRAPH = "in graph"  # the time cells of a module run inside a compiled graph: it has none
 
@@ -64,6 +67,8 @@ class _Run:
     root_time: Optional[float]
     spread: dict  # name -> {figure: (min, mean, max) over ranks}, with ranks=True; else {}
     in_graphs: frozenset = frozenset()  # modules run inside a compiled graph (no own time)
+    model_phases: dict = field(default_factory=dict)  # MODEL_PHASES: phase -> by_module
+    by_type: bool = False  # rows are module classes (group="type")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ def _phase_column(phase: str, priority: int) -> Column:
                   lambda run: phase in run.per_phase)
 
 
+def _model_flops(run, name: str) -> int:
+    # the footer's figure, per module: forward + backward only (a loss after the model, phase
+    # other, is hardware work the model does not need), so the root's cell is model_flops()
+    return sum(run.model_phases[p][name].inclusive.model_flops
+               for p in MODEL_PHASES if name in run.model_phases[p])
+
+
 def _latency(m) -> float:
     return m.latency_s or 0.0
 
@@ -106,20 +118,24 @@ def _timed(cell: Callable) -> Callable:
 # module's name says) is the first to go, then the least needed figures.
 COLUMNS: tuple = (
     Column("module", "Module", "Module", 0, lambda run, name, m: name),  # laid out apart
-    Column("type", "Type", "Type", 16, lambda run, name, m: run.types.get(name, "")),
+    Column("type", "Type", "Type", 16, lambda run, name, m: run.types.get(name, ""),
+           lambda run: not run.by_type),
     Column("calls", "Calls", "Calls", 7, _calls),
     Column("params", "Params", "Params", 9, lambda run, name, m: human(m.params)),
     Column("macs", "MACs", "MACs", 10, lambda run, name, m: human(m.macs)),
     Column("flops", "FLOPs", "FLOPs", 1, lambda run, name, m: human(m.flops)),
     # masked attention pairs were computed: the flops the model needed (docs/conventions.md)
     Column("model_flops", "Model FLOPs", "Model", 6,
-           lambda run, name, m: human(m.inclusive.model_flops),
+           lambda run, name, m: human(_model_flops(run, name)),
            lambda run: run.profile.total.masked_flops > 0),
     _phase_column(FORWARD, 11),
     _phase_column(BACKWARD, 11),
     _phase_column(OPTIMIZER, 14),
     _phase_column(RECOMPUTE, 14),
     _phase_column(OTHER, 14),
+    # a class's own flops (group="type"): they sum to the total, its inclusive ones overlap
+    Column("own_flops", "Own FLOPs", "Own", 1, lambda run, name, m: human(m.exclusive.flops),
+           lambda run: run.by_type),
     Column("percent", "% FLOPs", "%FLOPs", 2, lambda run, name, m: _percent(m.flops, run.total)),
     Column("read", "Read", "Read", 12, lambda run, name, m: human(m.bytes_read, "B")),
     Column("written", "Written", "Wrote", 12, lambda run, name, m: human(m.bytes_written, "B")),
@@ -174,6 +190,28 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
+def check_width(width) -> int:
+    """The width to fit: ``width`` when given (an int >= 40), else ``terminal_width()``."""
+    if width is None:
+        return terminal_width()
+    if not isinstance(width, int) or isinstance(width, bool) or width < 40:
+        raise ValueError(f"width must be an int >= 40 (characters), got {width!r}")
+    return width
+
+
+# a figure and its unit ("4.17 G", "12.3 %", "151.60 µs"): one word while wrapping
+_FIGURE = re.compile(r"(\d) (?=[A-Za-zµ%])")
+_JOINED = "\u00a0"  # no-break space: textwrap never breaks at it
+
+
+def wrapped(line: str, width: int, indent: str = "  ") -> list:
+    """``line`` wrapped to ``width`` (later lines indented), never between a figure and its
+    unit."""
+    joined = _FIGURE.sub(lambda m: m.group(1) + _JOINED, line)
+    return [part.replace(_JOINED, " ") for part in textwrap.wrap(
+        joined, width, subsequent_indent=indent, break_on_hyphens=False)] or [""]
+
+
 def _shown_phases(by_phase) -> list:
     # a column per phase once more than forward ran
     if not any(by_phase[p].calls for p in PHASES if p != FORWARD):
@@ -215,35 +253,37 @@ def _render(header_row: list, rows: list) -> str:
 
 
 def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = None,
-                 width: Optional[int] = None, ops: int = 0, ranks: bool = False) -> str:
+                 width: Optional[int] = None, ops: int = 0, ranks: bool = False,
+                 group: Optional[str] = None) -> str:
     if not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth must be an int >= 0 (0 shows the root only), got {depth!r}")
     if not isinstance(ops, int) or isinstance(ops, bool) or ops < 0:
         raise ValueError(f"ops must be an int >= 0 (top ops listed under each module), "
                          f"got {ops!r}")
-    if width is not None and (not isinstance(width, int) or width < 40):
-        raise ValueError(f"width must be an int >= 40 (characters), got {width!r}")
-    modules = counter.by_module()
+    fit = check_width(width)
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    if group == "type" and ranks:
+        raise ValueError("table(group='type') has no per-rank columns: ranks=False")
+    # group="type": a row per module class, its figures from by_type()
+    of = counter.by_type if group == "type" else counter.by_module
+    modules = of()
     by_phase = counter.by_phase()
     shown_phases = _shown_phases(by_phase)
-    run = _Run(counter, modules, {p: counter.by_module(phase=p) for p in shown_phases},
+    run = _Run(counter, modules, {p: of(phase=p) for p in shown_phases},
                counter.module_types(), counter.total.flops,
                modules[ROOT].latency_s if counter.timing and ROOT in modules else None,
-               counter.imbalance() if ranks else {}, frozenset(counter.in_graphs))
+               counter.imbalance() if ranks else {}, frozenset(counter.in_graphs),
+               {p: of(phase=p) for p in MODEL_PHASES}, group == "type")
     available = [c for c in COLUMNS if c.applies(run)]
-    if columns is not None:
-        chosen = _chosen(columns, available, run)
-        fit = None
-    else:
-        chosen = available
-        fit = width if width is not None else terminal_width()
-    names = [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
-    table, shown = _fitted(run, names, chosen, fit, ops)
-    lines = [table] + _footer(counter, by_phase, names, modules, {c.key for c in shown})
-    if fit is not None:  # prose lines wrap at the same width
-        lines = [table] + [textwrap.fill(line, fit, subsequent_indent="  ",
-                                         break_on_hyphens=False) for line in lines[1:]]
-    return "\n".join(lines)
+    # columns the reader picked are all kept: the table fits by shortening names only
+    chosen = available if columns is None else _chosen(columns, available, run)
+    names = list(modules) if group == "type" else \
+        [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
+    table, shown = _fitted(run, names, chosen, fit, ops, droppable=columns is None)
+    footer = _footer(counter, by_phase, names, modules, {c.key for c in shown})
+    # prose lines wrap at the same width
+    return "\n".join([table] + [part for line in footer for part in wrapped(line, fit)])
 
 
 def _chosen(columns, available: list, run) -> list:
@@ -265,27 +305,32 @@ def _chosen(columns, available: list, run) -> list:
     return chosen
 
 
-def _fitted(run, names: list, chosen: list, width: Optional[int], ops: int
+def _fitted(run, names: list, chosen: list, width: int, ops: int, droppable: bool = True
             ) -> tuple[str, list]:
-    """The table of ``chosen`` columns, narrowed to ``width`` when it is given, and the
-    columns it kept."""
+    """The table of ``chosen`` columns narrowed to ``width``, and the columns it kept:
+    headers abbreviated, op rows' names cut to the modules' (a long op name must not cost
+    the figures), then (``droppable``) columns dropped, then every name shortened."""
     limit = None
     short = False
     chosen = list(chosen)
     while True:
-        text = _table(run, names, chosen, short, limit, ops)
-        if width is None or _widest(text) <= width:
+        text = _table(run, names, chosen, short, limit, ops, ops_only=True)
+        if _widest(text) <= width:
             return text, chosen
         if not short:
             short = True
             continue
-        droppable = [c.priority for c in chosen if c.priority > 2]
-        if droppable:  # columns of one priority go together (forward and backward)
-            chosen = [c for c in chosen if c.priority != max(droppable)]
+        if ops and limit is None:
+            limit = max([12] + [len(label) for label in _labels(
+                names, run.profile.root_label, None).values()])
+            continue
+        dropping = [c.priority for c in chosen if c.priority > 2] if droppable else []
+        if dropping:  # columns of one priority go together (forward and backward)
+            chosen = [c for c in chosen if c.priority != max(dropping)]
             continue
         # only the module and the essential columns left: shorten the module (and op) names
         # by the excess (never below 12 characters)
-        labels = [row[0] for row in _rows(run, names, chosen, None, ops)]
+        labels = [row[0] for row in _rows(run, names, chosen, limit, ops, ops_only=True)]
         limit = max(12, max(map(len, labels)) - (_widest(text) - width))
         return _table(run, names, chosen, short, limit, ops), chosen
 
@@ -295,13 +340,17 @@ def _widest(text: str) -> int:
 
 
 def _table(run, names: list, chosen: list, short: bool, limit: Optional[int],
-           ops: int) -> str:
+           ops: int, ops_only: bool = False) -> str:
     header_row = [c.short if short else c.header for c in chosen]
-    return _render(header_row, _rows(run, names, chosen, limit, ops))
+    if run.by_type:
+        header_row[0] = "Class"
+    return _render(header_row, _rows(run, names, chosen, limit, ops, ops_only))
 
 
-def _rows(run, names: list, chosen: list, limit: Optional[int], ops: int) -> list:
-    labels = _labels(names, run.profile.root_label, limit)
+def _rows(run, names: list, chosen: list, limit: Optional[int], ops: int,
+          ops_only: bool = False) -> list:
+    """The rows; names longer than ``limit`` shortened (``ops_only``: op rows' only)."""
+    labels = _labels(names, run.profile.root_label, None if ops_only else limit)
     rows = []
     for name in names:
         m = run.modules[name]
@@ -330,6 +379,10 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
     """The notes that apply to the table as printed: a column's note only with its column,
     the model / hardware flops only where they differ."""
     lines = [coverage_line(counter.coverage())]
+    if "own_flops" in shown:
+        lines.append("By module class: FLOPs inclusive (a class inside another counts in "
+                     "both, so they overlap); Own FLOPs, the ops its modules ran directly, sum "
+                     "to the total")
     if counter.ranks:
         lines.append(f"Gathered from {len(counter.ranks)} ranks: counts summed over ranks")
     if getattr(counter, "steps", 1) > 1:  # a FlopCounter is one step
@@ -340,7 +393,8 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
         lines.append(f"Calls {NEVER_CALLED}: a container never called itself (ModuleList); "
                      "its figures are its children's")
     if human(counter.hardware_flops()) != human(counter.model_flops()):
-        lines.append(f"Model flops (forward + backward): {human(counter.model_flops())}, "
+        passes = "forward + backward" if by_phase[BACKWARD].calls else "forward"
+        lines.append(f"Model flops ({passes}): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
     if counter.total.masked_flops:
         lines.append(f"Masked attention pairs computed: {human(counter.total.masked_flops)} "

@@ -17,6 +17,7 @@ from tabulate import tabulate
 from dispatch_flops.results import conventions, experts, utilisation
 from dispatch_flops.results.format import duration, human, percent, scientific
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike, Roofline
+from dispatch_flops.views.table import check_width, wrapped
 
 if TYPE_CHECKING:  # types only: a view never imports the workflows above it
     from dispatch_flops.results.profile import Profile
@@ -28,13 +29,65 @@ if TYPE_CHECKING:  # types only: a view never imports the workflows above it
 _ENCODER, _PREFILL, _DECODE = "encoder", "prefill", "decode"
 
 
+def _fitted(headers: list, rows: list, width: int, drop: Sequence[str],
+            left: Sequence[str] = ()) -> str:
+    """``rows`` under ``headers`` (first column left, the others right-aligned, except the
+    left-aligned ones in ``_LEFT`` and ``left``) within ``width``: the columns named in
+    ``drop`` go first, in that order, then the first column's labels are cut (head … tail)."""
+    headers, rows = list(headers), [list(r) for r in rows]
+    drop = [h for h in drop if h in headers]
+
+    def render() -> str:
+        align = tuple("left" if i == 0 or h in _LEFT or h in left else "right"
+                      for i, h in enumerate(headers))
+        return tabulate(rows, headers=headers, disable_numparse=True, colalign=align)
+
+    text = render()
+    while _widest(text) > width and drop:
+        i = headers.index(drop.pop(0))
+        del headers[i]
+        for r in rows:
+            del r[i]
+        text = render()
+    excess = _widest(text) - width
+    if excess > 0 and rows:
+        limit = max(12, max(len(str(r[0])) for r in rows) - excess)
+        for r in rows:
+            r[0] = _cut(str(r[0]), limit)
+        text = render()
+    return text
+
+
+_LEFT = ("Bound",)
+
+
+def _widest(text: str) -> int:
+    return max(map(len, text.splitlines()), default=0)
+
+
+def _cut(label: str, limit: int) -> str:
+    """``label``, or its head and tail around "…" when longer than ``limit``."""
+    if len(label) <= limit:
+        return label
+    keep = limit - 1
+    return label[: keep - keep // 2] + "…" + label[len(label) - keep // 2:]
+
+
+def _prose(lines: list, width: int) -> list:
+    return [part for line in lines for part in wrapped(line, width)]
+
+
 # -- results (through the presenter) ---------------------------------------------------------
-def experts_table(profile: Profile) -> str:
+def experts_table(profile: Profile, width: Optional[int] = None) -> str:
     """One line per MoE layer: experts, tokens, min / mean / max tokens per expert, the
-    imbalance (max / mean), idle experts, padding."""
+    imbalance (max / mean), idle experts, padding; layer names shortened to fit ``width``
+    (the terminal's)."""
     stats = experts.expert_stats(profile)
     if not stats:
         return "No MoE layers (no module matched the expert rules: docs/distributed.md)"
+    figures = 74  # the columns after the layer's name
+    limit = max(len("Layer"), check_width(width) - figures)
+    stats = {_cut(layer, limit): s for layer, s in stats.items()}
     width = max(len("Layer"), *(len(s) for s in stats))
     lines = [f"{'Layer':<{width}}  Experts  Calls  Tokens    Min     Mean     Max  Max/mean"
              "  Idle  Padding"]
@@ -51,11 +104,11 @@ def _grouped(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:,.1f}"
 
 
-def conventions_table(c: conventions.Conventions) -> str:
+def conventions_table(c: conventions.Conventions, width: Optional[int] = None) -> str:
     """The table: a header saying what the formulas read, one line per convention (notes
-    indented below it), then the differences; at most ``results.conventions.WIDTH``
-    columns."""
-    width = conventions.WIDTH
+    indented below it), then the differences; within ``width`` (the terminal's), at most
+    ``results.conventions.WIDTH`` columns."""
+    width = min(check_width(width), conventions.WIDTH)
     s = c.shape
     kind = "training (forward + backward)" if s.passes == 3 else "forward only"
     where = "the attention calls' b·s" if s.tokens_seen else "given"
@@ -75,8 +128,7 @@ def conventions_table(c: conventions.Conventions) -> str:
     if c.peak_flops:
         lines.append(f"MFU = flops/token x {_grouped(c.tokens_per_s or 0)} tokens/s / "
                      f"{c.peak_flops / 1e12:,.1f} TFLOP/s ({c.device}, {c.dtype} dense peak)")
-    header = textwrap.TextWrapper(width=width, subsequent_indent="  ")
-    lines = [part for line in lines for part in header.wrap(line)]
+    lines = _prose(lines, width)
     lines.append("")
     lines.append(f"{'convention':<22}{'formula':<34}{'flops/token':>12}{'MFU':>9}")
     wrap = textwrap.TextWrapper(width=width, initial_indent="    ",
@@ -113,7 +165,7 @@ def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
 
 
 # -- workflows (called directly) -------------------------------------------------------------
-def generation_roofline_table(roof: GenerationRoofline) -> str:
+def generation_roofline_table(roof: GenerationRoofline, width: Optional[int] = None) -> str:
     """A row per step (prefill, then each decode step): flops per byte, the compute, memory
     and attainable times, the bound and (timing on) the measured time and the attainable /
     measured ratio; under it the roofline's one line (its repr)."""
@@ -121,7 +173,7 @@ def generation_roofline_table(roof: GenerationRoofline) -> str:
         is not None
     rows = [_roofline_cells(_PREFILL if i == 0 else f"{_DECODE} {i}", r, timed)
             for i, r in enumerate(roof.steps)]
-    return _roofline_text(roof, rows, "Step", timed)
+    return _roofline_text(roof, rows, "Step", timed, width)
 
 
 def _roofline_cells(label: str, r: Roofline, timed: bool) -> list:
@@ -137,18 +189,20 @@ def _roofline_cells(label: str, r: Roofline, timed: bool) -> list:
     return cells
 
 
-def _roofline_text(roof, rows: list, first: str, timed: bool) -> str:
+def _roofline_text(roof, rows: list, first: str, timed: bool,
+                   width: Optional[int] = None) -> str:
     headers = [first, "FLOP/B", "Compute", "Memory", "Attainable", "Bound"]
     if timed:
         headers += ["Measured", "Efficiency"]
-    align = tuple("left" if h in (first, "Bound") else "right" for h in headers)
-    return "\n".join([f"{roof.device}: time = the sum of each op's max(flops / peak, "
-                      "bytes / bandwidth)",
-                      tabulate(rows, headers=headers, disable_numparse=True,
-                               colalign=align), repr(roof)])
+    fit = check_width(width)
+    table = _fitted(headers, rows, fit, ("FLOP/B", "Measured"))
+    return "\n".join(_prose([f"{roof.device}: time = the sum of each op's max(flops / peak, "
+                             "bytes / bandwidth); Compute, Memory: the time of the ops on "
+                             "each roof (Attainable is their sum); bound: the larger"], fit)
+                      + [table] + _prose([repr(roof)], fit))
 
 
-def generation_table(gp: GenerationProfile) -> str:
+def generation_table(gp: GenerationProfile, width: Optional[int] = None) -> str:
     """Prefill, the first, mean and last decode step, and how much a decode step grows per
     token; the encoder and the work outside the model's calls when there is any."""
     timed = gp.timing
@@ -201,15 +255,15 @@ def generation_table(gp: GenerationProfile) -> str:
     headers = ["Step", "Positions", "FLOPs", "MACs", "Read", "Written", "FLOP/B", "KV cache"]
     if timed:
         headers.append("Time")
-    align = ("left",) + ("right",) * (len(headers) - 1)
-    lines = [tabulate(rows, headers=headers, disable_numparse=True, colalign=align)]
+    fit = check_width(width)
+    lines = [_fitted(headers, rows, fit, ("MACs", "Written", "Positions", "Read"))]
     held, filled = gp.kv_cache_bytes[0], gp.kv_cache_filled_bytes[0]
     if held is not None and filled != held:  # a static cache
         lines.append(f"KV cache holds {human(held, 'B')} from the prefill on, "
                      f"{human(filled, 'B')} of it filled then: attention runs over all "
                      "of it at every step")
     lines.append(_steps_line(gp, costs[-1].sequences))
-    return "\n".join(lines)
+    return "\n".join(lines[:1] + _prose(lines[1:], fit))
 
 
 def _steps_line(gp: GenerationProfile, sequences: int) -> str:
@@ -248,7 +302,7 @@ def _passes(step) -> str:
     return " + ".join(str(b) for b in step.batches)
 
 
-def pipeline_table(pp: PipelineProfile) -> str:
+def pipeline_table(pp: PipelineProfile, width: Optional[int] = None) -> str:
     """The components and denoising steps of a pipeline in the order they first ran (more
     than ``PIPELINE_STEPS_SHOWN`` steps: the first, the mean and the last), the work outside
     them and the total; under it the counts per image and how guidance ran."""
@@ -282,7 +336,6 @@ def pipeline_table(pp: PipelineProfile) -> str:
     headers = ["Part", "Calls", "FLOPs", "MACs", "Read", "Written", "FLOP/B", "%FLOPs"]
     if timed:
         headers.append("Time")
-    align = ("left",) * 2 + ("right",) * (len(headers) - 2)
     each = pp.per_image()
     n, evaluations = pp.images, pp.evaluations_per_image
     notes = (f"Per image ({n} image{'s' if n != 1 else ''}): {human(each.flops)}FLOPs, "
@@ -290,11 +343,12 @@ def pipeline_table(pp: PipelineProfile) -> str:
              f"step{'s' if len(steps) != 1 else ''}, {evaluations:g} denoiser evaluation"
              f"{'s' if evaluations != 1 else ''} per image per step ({_GUIDANCE[pp.guidance]}"
              "); a step's Calls: denoiser passes x latent batch.")
-    return "\n".join([tabulate(rows, headers=headers, disable_numparse=True, colalign=align),
-                      textwrap.fill(notes, 100)])
+    fit = check_width(width)
+    return "\n".join([_fitted(headers, rows, fit, ("Read", "Written", "FLOP/B"), ("Calls",))]
+                     + _prose([notes], fit))
 
 
-def pipeline_roofline_table(roof: PipelineRoofline) -> str:
+def pipeline_roofline_table(roof: PipelineRoofline, width: Optional[int] = None) -> str:
     """A row per component and per denoising step in the order they ran, and the work
     outside them; under it the roofline's one line (its repr)."""
     timed = roof.measured_image_s is not None
@@ -305,7 +359,7 @@ def pipeline_roofline_table(roof: PipelineRoofline) -> str:
         else:
             rows.append(_roofline_cells(f"step {item + 1}", roof.steps[item], timed))
     rows.append(_roofline_cells("outside", roof.outside, timed))
-    return _roofline_text(roof, rows, "Part", timed)
+    return _roofline_text(roof, rows, "Part", timed, width)
 
 
 def _flops(n: float) -> str:
@@ -319,7 +373,8 @@ def throughput_text(reading: ThroughputReading) -> str:
     """One line: timed steps, s/step, tokens/s, model and hardware flops per step, MFU / HFU
     and their peak (or why there is none), then the steps left out of the figures."""
     r = reading
-    tokens = f"{r.tokens_per_s:,.0f} tokens/s, " if r.tokens else ""
+    tokens = f"{r.tokens_per_s:,.0f} tokens/s, " if r.tokens else \
+        "no tokens/s (no token ids: step(batch, tokens=n)), "
     text = (f"{r.steps} timed steps: {r.step_s:.4g} s/step, {tokens}"
             f"model {_flops(r.model_flops)}/step, "
             f"hardware {_flops(r.hardware_flops)}/step")
@@ -332,4 +387,5 @@ def throughput_text(reading: ThroughputReading) -> str:
     extra = [f"{r.counted_steps} counted (not timed)"] if r.counted_steps else []
     if r.unpriced_steps:
         extra.append(f"{r.unpriced_steps} timed with inputs never counted (left out)")
+    # one line, whatever its length: a log's line (grep it), not a view laid out to a width
     return text + (f" [{'; '.join(extra)}]" if extra else "")

@@ -112,11 +112,11 @@ class GenerationRoofline:
                 f"{self.tokens_per_s:,.1f} tokens/s attainable{measured}; "
                 f"{len(self.steps)} steps)")
 
-    def table(self) -> str:
+    def table(self, width: Optional[int] = None) -> str:
         """A row per step (prefill, then each decode step): flops per byte, the compute,
         memory and attainable times, the bound and (timing on) the measured time and the
-        attainable / measured ratio."""
-        return generation_roofline_table(self)
+        attainable / measured ratio; within ``width`` (the terminal's: ``COLUMNS``)."""
+        return generation_roofline_table(self, width)
 
     def __str__(self) -> str:
         return self.table()
@@ -137,9 +137,9 @@ def resolve_device(device) -> DeviceSpec:
 
 def ops_roofline(p: Profile, peak: float, bandwidth: float) -> Roofline:
     """A part of a run (a step) against a roof of ``peak`` flop/s and ``bandwidth`` B/s:
-    ``compute_s`` and ``memory_s`` its flops / peak and bytes / bandwidth, ``attainable_s``
-    the sum of its ops' own ``max(flops / peak, bytes / bandwidth)``, bound where most of
-    that time goes."""
+    ``attainable_s`` the sum of its ops' own ``max(flops / peak, bytes / bandwidth)``,
+    ``compute_s`` / ``memory_s`` the time of the ops on each roof (they sum to
+    ``attainable_s``), bound by the larger: a row's bound follows its own times."""
     # kernels run one after another, each on its own roof: a step's time is the sum of its
     # ops' (one record per module and operator), not one roof for the step's totals, where
     # a matmul's compute would hide a norm's memory traffic
@@ -156,7 +156,7 @@ def ops_roofline(p: Profile, peak: float, bandwidth: float) -> Roofline:
         arithmetic_intensity=p.total.arithmetic_intensity, attainable_s=attainable,
         bound=COMPUTE_BOUND if compute_bound >= memory_bound else MEMORY_BOUND,
         efficiency=attainable / p.wall_s if p.wall_s and attainable else None,
-        compute_s=p.total.flops / peak, memory_s=p.total.bytes / bandwidth, comm_s=0.0)
+        compute_s=compute_bound, memory_s=memory_bound, comm_s=0.0)
 
 
 def _cache_layers(cache):
@@ -433,7 +433,9 @@ class GenerationProfile:
         one in ``DEVICES``) at ``dtype`` (the model's parameter dtype when None): time to
         first token, time per decode step and tokens/s, attainable and (timing on) measured.
         A step's attainable time is the sum of its ops' ``max(flops / peak, bytes /
-        bandwidth)``; it is bound where most of that time goes."""
+        bandwidth)``: its ``compute_s`` is the time of the ops on the compute roof, its
+        ``memory_s`` that of the ops on the memory roof (the two sum to ``attainable_s``),
+        and it is bound by the larger."""
         device = resolve_device(device)
         dtype = dtype or self.total.dtype
         peak, bandwidth = device.peak_flops(dtype), device.memory_bandwidth
@@ -463,12 +465,12 @@ class GenerationProfile:
             measured_decode_s_per_step=measured_step,
             measured_tokens_per_s=sequences / measured_step if measured_step else None)
 
-    def table(self) -> str:
+    def table(self, width: Optional[int] = None) -> str:
         """Prefill, the first, mean and last decode step, and how much a decode step grows per
         token; the encoder and the work outside the model's calls when there is any; under
         it, what the steps were in ``generate``'s words (``max_new_tokens=8``: the prefill
-        and 7 decode steps)."""
-        return generation_table(self)
+        and 7 decode steps); within ``width`` (the terminal's: ``COLUMNS``)."""
+        return generation_table(self, width)
 
     def __str__(self) -> str:
         return self.table()

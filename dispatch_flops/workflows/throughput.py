@@ -170,10 +170,12 @@ class ThroughputReading(_Rates):
 
     def metrics(self) -> dict[str, float]:
         """What a callback logs: ``model_flops``, ``hardware_flops``, ``tokens_per_s``,
-        ``step_s`` and, with a peak, ``mfu``, ``hfu`` and ``peak_flop_s`` (plain floats)."""
+        ``step_s`` and, with a peak, ``mfu``, ``hfu`` and ``peak_flop_s`` (plain floats);
+        ``tokens_per_s`` left out when the steps had no token ids (pass ``tokens=``)."""
         out = {"model_flops": float(self.model_flops),
-               "hardware_flops": float(self.hardware_flops),
-               "tokens_per_s": self.tokens_per_s, "step_s": self.step_s}
+               "hardware_flops": float(self.hardware_flops), "step_s": self.step_s}
+        if self.tokens:  # no token ids (float inputs, tokens= not given): no figure, not 0.0
+            out["tokens_per_s"] = self.tokens_per_s
         mfu, hfu = self.mfu, self.hfu
         if self.peak_flop_s is not None and mfu is not None and hfu is not None:
             out.update(mfu=mfu, hfu=hfu, peak_flop_s=self.peak_flop_s)
@@ -256,6 +258,7 @@ class ThroughputMeter:
         self._peak_resolved = False
         self._warned: set[str] = set()
         self._clock = time.perf_counter
+        self._early_peak()
 
     # -- the running step ----------------------------------------------------------------
     @property
@@ -386,6 +389,34 @@ class ThroughputMeter:
             self._peak_resolved = True
             self._resolve_peak(profile)
 
+    def _early_peak(self) -> None:
+        """The peak known from the start when the device has one: at ``dtype``, else the
+        model's parameter dtype. Without ``dtype`` the first counted step decides again
+        (its main dtype); no step is timed before it, so every figure has one peak."""
+        spec = self.device
+        if spec is None and torch.cuda.is_available():
+            try:
+                spec = device_spec()
+            except ValueError:
+                return
+        if spec is None:
+            return
+        dtype = self.dtype
+        if dtype is None and self.model is not None:
+            dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()),
+                         None)
+        try:
+            self._set_peak(spec, dtype if dtype is not None else torch.float32)
+        except ValueError:
+            return
+        self._peak_resolved = self.dtype is not None
+
+    def _set_peak(self, spec: DeviceSpec, dtype: DTypeLike) -> None:
+        self.peak_flop_s = spec.peak_flops(dtype)
+        name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+        scale, unit = (1e12, "TFLOPS") if self.peak_flop_s >= 1e12 else (1e9, "GFLOPS")
+        self.peak = f"{self.peak_flop_s / scale:.4g} {unit} {name} dense, {spec.name}"
+
     def _resolve_peak(self, profile: Profile) -> None:
         spec = self.device
         if spec is None:
@@ -402,13 +433,10 @@ class ThroughputMeter:
             return
         dtype = self.dtype if self.dtype is not None else _main_dtype(profile, spec)
         try:
-            self.peak_flop_s = spec.peak_flops(dtype)
+            self._set_peak(spec, dtype)
         except ValueError as e:
+            self.peak_flop_s = self.peak = None
             self._warn("no-peak", f"no mfu / hfu: {e}; pass dtype=... (a dtype it has)")
-            return
-        name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-        scale, unit = (1e12, "TFLOPS") if self.peak_flop_s >= 1e12 else (1e9, "GFLOPS")
-        self.peak = f"{self.peak_flop_s / scale:.4g} {unit} {name} dense, {spec.name}"
 
     # -- clocks ----------------------------------------------------------------------------
     def _cuda_device(self) -> Optional[torch.device]:
@@ -468,6 +496,10 @@ class ThroughputMeter:
         if not totals.steps or totals.seconds <= 0:
             return None
         n = totals.steps
+        if not totals.tokens:
+            self._warn("no-tokens", "no tokens/s: no step's batch had token ids (input_ids, "
+                       "or an integer tensor: float inputs have none); pass the count, "
+                       "meter.step(batch, tokens=n)")
         reading = ThroughputReading(
             steps=n, step_s=totals.seconds / n, tokens=totals.tokens / n,
             model_flops=totals.model_flops / n, hardware_flops=totals.hardware_flops / n,
