@@ -67,7 +67,7 @@ from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack 
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
 from dispatch_flops.engine.torch_private import pop_mode as _pop_mode
 from dispatch_flops.engine.torch_private import push_mode as _push_mode
-from dispatch_flops.engine.tracker import ModuleTracker
+from dispatch_flops.engine.tracker import GLOBAL_HOOK_DICTS, ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT
 
 _calls = itemgetter(CALLS)
@@ -728,9 +728,7 @@ def _restore_skipped() -> None:
 
 
 # -- while a counter counts ---------------------------------------------------------------
-_HOOK_DICTS = tuple("torch.nn.modules.module._global_forward" + name for name in (
-    "_pre_hooks", "_hooks", "_hooks_always_called")) + tuple(
-    "torch.optim.optimizer._global_optimizer" + name for name in ("_pre_hooks", "_post_hooks"))
+_HOOK_DICTS = GLOBAL_HOOK_DICTS
 
 
 def _hook_dicts():

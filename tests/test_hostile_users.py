@@ -1,0 +1,186 @@
+"""What hostile users do to a counter and the workflows around it (issue 43): an interrupt at
+any point of entering or leaving a counter, a step that raises inside a trainer, validation in
+the middle of a step, odd batches, odd modules, odd figures. Each test says what must hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._C._autograd import _top_saved_tensors_default_hooks as top_saved_tensors_hooks
+from torch.autograd.graph import saved_tensors_hooks
+from torch.nn.modules import module as module_globals
+from torch.optim import optimizer as optim_globals
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils.hooks import RemovableHandle
+
+from dispatch_flops import FlopCounter
+from dispatch_flops.engine import compiled, tracker
+
+# -- entering and leaving is all or nothing ----------------------------------------------------
+
+
+class Experts(nn.Module):
+    """A list of experts (so expert-load hooks are installed) under a router."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(4, 2)
+        self.experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x):
+        chosen = self.gate(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            out = out + (chosen == i)[:, None] * expert(x)
+        return out
+
+
+def _globals() -> tuple:
+    """Everything a counter installs outside itself, as counts and identities."""
+    hooks = (module_globals._global_forward_pre_hooks, module_globals._global_forward_hooks,
+             module_globals._global_forward_hooks_always_called,
+             optim_globals._global_optimizer_pre_hooks,
+             optim_globals._global_optimizer_post_hooks)
+    return (tuple(len(d) for d in hooks), tuple(_get_current_dispatch_mode_stack()),
+            top_saved_tensors_hooks(False), len(compiled.ACTIVE))
+
+
+def _module_hooks(model) -> list:
+    return [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()]
+
+
+class Interrupts:
+    """Wraps every point where a counter installs or removes something; the ``k``-th call
+    (from 1, counted over all of them) raises ``KeyboardInterrupt``, ``after`` the real call
+    (its effect done, the interrupt landing before the caller saw it) or before it."""
+
+    POINTS = [
+        (tracker, "register_module_forward_pre_hook"),
+        (tracker, "register_module_forward_hook"),
+        (tracker, "register_optimizer_step_pre_hook"),
+        (tracker, "register_optimizer_step_post_hook"),
+        (RemovableHandle, "remove"),
+        (nn.Module, "register_forward_pre_hook"),
+        (TorchDispatchMode, "__enter__"),
+        (TorchDispatchMode, "__exit__"),
+        (saved_tensors_hooks, "__enter__"),
+        (saved_tensors_hooks, "__exit__"),
+        (compiled, "enter"),
+        (compiled, "leave"),
+    ]
+
+    def __init__(self, monkeypatch, k: int, after: bool):
+        self.k, self.after, self.calls, self.fired = k, after, 0, False
+        for owner, name in self.POINTS:
+            monkeypatch.setattr(owner, name, self._wrap(getattr(owner, name)))
+
+    def _wrap(self, fn):
+        def wrapped(*args, **kwargs):
+            self.calls += 1
+            fire = self.calls == self.k and self.armed
+            if fire and not self.after:
+                self.fired = True
+                raise KeyboardInterrupt
+            out = fn(*args, **kwargs)
+            if fire:
+                self.fired = True
+                raise KeyboardInterrupt
+            return out
+
+        return wrapped
+
+    armed = False
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+@pytest.mark.parametrize("saved", [False, True], ids=["plain", "saved_activations"])
+def test_an_interrupt_at_any_install_or_remove_point_leaves_nothing(monkeypatch, after, saved):
+    """A KeyboardInterrupt at the k-th install or remove step of ``__enter__`` / ``__exit__``,
+    for every k: the interrupt reaches the user, and no hook, mode, saved-tensors hook or
+    compiled-graph registration is left; the next counter counts as one never interrupted."""
+    torch.manual_seed(0)
+    model, x = Experts(), torch.randn(3, 4)
+    before, module_hooks = _globals(), _module_hooks(model)
+    with FlopCounter(model, saved_activations=saved) as reference:
+        model(x).sum().backward()
+    model.zero_grad(set_to_none=True)  # every run below starts with no gradient to add to
+    k = 0
+    while True:
+        k += 1
+        with monkeypatch.context() as patch:
+            interrupts = Interrupts(patch, k, after)
+            try:
+                counter = FlopCounter(model, saved_activations=saved)
+                interrupts.armed = True
+                with counter:
+                    interrupts.armed = False
+                    model(x).sum().backward()
+                    interrupts.armed = True
+            except KeyboardInterrupt:
+                assert interrupts.fired
+            interrupts.armed = False
+        model.zero_grad(set_to_none=True)
+        assert _globals() == before, k
+        assert _module_hooks(model) == module_hooks, k
+        with FlopCounter(model, saved_activations=saved) as again:
+            model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        assert again.total == reference.total, k
+        if not interrupts.fired:
+            break
+    assert k > 8  # every point was reached
+
+
+def test_users_saved_tensors_hooks_opened_inside_and_closed_after_keep_working():
+    """A user's saved-tensors hooks entered inside the block and exited after it are still
+    called after the counter exits, and exit cleanly (their own pop, not the counter's)."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    packed = []
+    users = saved_tensors_hooks(lambda t: packed.append(1) or t, lambda t: t)
+    counter = FlopCounter(model, saved_activations=True)
+    counter.__enter__()
+    users.__enter__()
+    counter.__exit__(None, None, None)
+    packed.clear()
+    model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    assert packed  # still the user's hooks
+    users.__exit__(None, None, None)
+    assert top_saved_tensors_hooks(False) is None
+
+
+class ConfigBacked(nn.Module):
+    """A module whose attributes come from a config dict, raising KeyError (not
+    AttributeError) for a name it lacks: ``getattr(m, "num_experts", None)`` raises."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = {"hidden": 4}
+        self.proj = nn.Linear(4, 4)
+
+    def __getattr__(self, name):
+        if name in ("config", "_parameters", "_buffers", "_modules") or name.startswith("__"):
+            return super().__getattr__(name)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return self.config[name]  # KeyError
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class SomeExperts(ConfigBacked):
+    """Named like fused experts, with no num_experts in its config."""
+
+
+def test_a_config_backed_getattr_does_not_break_entering():
+    """Expert detection reads ``num_experts`` of modules named ``*Experts``: one whose
+    ``__getattr__`` raises KeyError is no expert, and the counter enters, counts, leaves."""
+    model = nn.Sequential(ConfigBacked(), SomeExperts())
+    before = _globals()
+    with FlopCounter(model) as fc:
+        model(torch.randn(2, 4))
+    assert fc.total.macs == 2 * 2 * 4 * 4
+    assert fc.experts() == {}
+    assert _globals() == before
