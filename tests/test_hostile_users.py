@@ -184,3 +184,88 @@ def test_a_config_backed_getattr_does_not_break_entering():
     assert fc.total.macs == 2 * 2 * 4 * 4
     assert fc.experts() == {}
     assert _globals() == before
+
+
+# -- training loops close their counter on every exit path -------------------------------------
+
+
+class Regressor(nn.Module):
+    """A model the Trainer and Lightning run; its ``fail_at``-th forward call raises."""
+
+    def __init__(self, fail_at=None):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.fail_at, self.calls = fail_at, 0
+
+    def forward(self, x, labels=None):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("a step that raises")
+        out = self.lin(x)
+        return {"loss": ((out - labels) ** 2).mean()}
+
+
+def regression_rows(n=8):
+    torch.manual_seed(0)
+    return [{"x": torch.randn(4), "labels": torch.randn(2)} for _ in range(n)]
+
+
+@pytest.mark.slow
+def test_transformers_step_that_raises_leaves_nothing_and_a_retry_counts(tmp_path):
+    """A counted step raising inside ``Trainer.train()``, caught by the user: no counting
+    mode, no global hook left; training again works and counts its steps."""
+    transformers = pytest.importorskip("transformers")
+    from dispatch_flops.integrations.transformers import FlopsCallback
+
+    model = Regressor(fail_at=3)
+    callback = FlopsCallback(every=1, warmup=0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2, report_to=[],
+        save_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+        logging_steps=1)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=regression_rows(),
+                                   callbacks=[callback])
+    before = _globals()
+    with pytest.raises(RuntimeError, match="a step that raises"):
+        trainer.train()
+    assert _globals() == before
+    trainer.train()  # the retry
+    assert _globals() == before
+    # forward and the weight gradient (the input needs none), per step of 2 rows
+    assert callback.profile is not None and callback.profile.total.macs == 2 * (2 * 4 * 2)
+
+
+@pytest.mark.slow
+def test_lightning_step_that_raises_leaves_nothing_and_a_retry_counts():
+    """The same with Lightning's ``trainer.fit()``."""
+    lightning = pytest.importorskip("lightning")
+    from dispatch_flops.integrations.lightning import FlopsCallback
+
+    model = Regressor(fail_at=3)
+
+    class Module(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch)["loss"]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(callback):
+        trainer = lightning.Trainer(max_steps=4, accelerator="cpu", logger=False,
+                                    callbacks=[callback], enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Module(), torch.utils.data.DataLoader(regression_rows(), batch_size=2))
+
+    callback = FlopsCallback(every=1, warmup=0)
+    before = _globals()
+    with pytest.raises(RuntimeError, match="a step that raises"):
+        fit(callback)
+    assert _globals() == before
+    fit(callback)
+    assert _globals() == before
+    # forward and the weight gradient (the input needs none), per step of 2 rows
+    assert callback.profile is not None and callback.profile.total.macs == 2 * (2 * 4 * 2)

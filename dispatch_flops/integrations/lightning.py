@@ -55,8 +55,14 @@ class FlopsCallback(Callback):
         return self.meter.profile
 
     def on_train_start(self, trainer, pl_module):
+        self.meter.abandon()  # a step an earlier fit left open
         self.meter = self._meter(pl_module)
         self._step_at, self._last = None, {}
+
+    def on_exception(self, trainer, pl_module, exception):
+        # a step that raised (or an interrupt): its counter and hooks go now, not never
+        self.meter.abandon()
+        self._step_at = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._step_at is None:
