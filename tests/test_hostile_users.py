@@ -269,3 +269,53 @@ def test_lightning_step_that_raises_leaves_nothing_and_a_retry_counts():
     assert _globals() == before
     # forward and the weight gradient (the input needs none), per step of 2 rows
     assert callback.profile is not None and callback.profile.total.macs == 2 * (2 * 4 * 2)
+
+
+@pytest.mark.slow
+def test_lightning_validation_inside_a_step_is_not_the_steps(monkeypatch):
+    """``accumulate_grad_batches=2, val_check_interval=3``: validation runs between two
+    micro-batches of a step. A counted step is priced at its two micro-batches' flops (no
+    validation forward), a timed step takes its micro-batches' time (no validation time)."""
+    lightning = pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from dispatch_flops import DeviceSpec
+    from dispatch_flops.integrations.lightning import FlopsCallback
+    from dispatch_flops.workflows import throughput
+
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    model, rows = Regressor(), regression_rows(24)
+
+    class Module(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):
+            clock.now += 0.25
+            return self.model(**batch)["loss"]
+
+        def validation_step(self, batch, batch_idx):
+            clock.now += 100.0  # validation is slow
+            return self.model(**batch)["loss"]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = FlopsCallback(every=2, warmup=1, device=DeviceSpec.cpu(1e11, 2e10))
+    trainer = lightning.Trainer(max_steps=6, accelerator="cpu", logger=False,
+                                callbacks=[callback], enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False,
+                                accumulate_grad_batches=2, val_check_interval=3,
+                                num_sanity_val_steps=0, limit_val_batches=2)
+    loader = torch.utils.data.DataLoader(rows, batch_size=2)
+    trainer.fit(Module(), loader, loader)
+    batch = {k: torch.stack([r[k] for r in rows[:2]]) for k in rows[0]}
+    with FlopCounter(model) as fc:
+        for _ in range(2):  # a step: two micro-batches
+            model(**batch)["loss"].backward()
+    prices = {p.model_flops for p in callback.meter._prices.values()}
+    assert prices == {fc.model_flops()}
+    reading = callback.meter.reading()
+    assert reading.steps >= 2 and reading.step_s == 2 * 0.25

@@ -9,6 +9,7 @@ steps in the trainer's own logs (TensorBoard, W&B, CSV... whatever ``report_to``
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from functools import partial
 from typing import Optional
 
@@ -114,7 +115,7 @@ def _trainer_calling():
     """The ``Trainer`` whose method is calling the callback handler now, or None."""
     from transformers import Trainer
 
-    frame = sys._getframe(2)
+    frame: Optional[FrameType] = sys._getframe(2)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, Trainer):

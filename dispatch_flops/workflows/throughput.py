@@ -261,7 +261,7 @@ class ThroughputMeter:
     @property
     def counting(self) -> bool:
         """Whether the running step is a counted one."""
-        return self._open is not None and self._open["counter"] is not None
+        return self._open is not None and self._open["counted"] and not self._open["untouched"]
 
     def should_count(self, batch: Any = None) -> bool:
         """Whether the next step would be counted (given its (first) batch, when known)."""
@@ -295,7 +295,8 @@ class ThroughputMeter:
         self._index += 1
         step: dict = {"index": index, "untouched": untouched, "counter": None, "hook": None,
                       "parts": [], "tokens": 0, "given_tokens": tokens, "start": None,
-                      "cuda": None}
+                      "cuda": None, "counted": counted, "profiles": [], "segments": [],
+                      "paused": False}
         self._open = step
         if untouched:
             return False
@@ -312,6 +313,41 @@ class ThroughputMeter:
             step["cuda"] = self._cuda_device()
             step["start"] = self._read_clock(step["cuda"])
         return counted
+
+    def pause(self) -> None:
+        """Work that is not the step's begins inside it (a validation loop the trainer
+        runs between two micro-batches): it is in neither the step's flops nor its time, until
+        ``resume``. No step running, or paused already: nothing to do."""
+        step = self._open
+        if step is None or step["untouched"] or step["paused"]:
+            return
+        step["paused"] = True
+        if step["hook"] is not None:  # the work's model calls are not the step's inputs
+            step["hook"].remove()
+            step["hook"] = True
+        counter = step["counter"]
+        if counter is not None:
+            step["counter"] = None
+            counter.__exit__(None, None, None)
+            step["profiles"].append(counter.to_profile())
+        elif step["start"] is not None:
+            step["segments"].append((step["start"], self._read_clock(step["cuda"])))
+            step["start"] = None
+
+    def resume(self) -> None:
+        """The step goes on after ``pause``."""
+        step = self._open
+        if step is None or not step["paused"]:
+            return
+        step["paused"] = False
+        if step["hook"] is True and self.model is not None:
+            step["hook"] = self.model.register_forward_pre_hook(self._note_call,
+                                                                with_kwargs=True)
+        if step["counted"]:
+            step["counter"] = FlopCounter(self.model)
+            step["counter"].__enter__()
+        else:
+            step["start"] = self._read_clock(step["cuda"])
 
     def note(self, batch: Any) -> None:
         """Add a (micro-)batch to the running step: its signature and tokens."""
@@ -335,15 +371,23 @@ class ThroughputMeter:
         if step is None or step["untouched"]:
             return None
         stop = self._read_clock(step["cuda"]) if step["start"] is not None else None
-        if step["hook"] is not None:
+        if step["hook"] is not None and step["hook"] is not True:
             step["hook"].remove()
         signature = tuple(step["parts"])
         tokens = step["given_tokens"] if step["given_tokens"] is not None else step["tokens"]
         counter = step["counter"]
         if counter is not None:
             counter.__exit__(None, None, None)
-            self._priced(signature, counter.to_profile())
+            step["profiles"].append(counter.to_profile())
+        if step["counted"]:
+            self._priced(signature, *step["profiles"])
             return None
+        if stop is not None:
+            step["segments"].append((step["start"], stop))
+        segments = step["segments"]
+        if not segments:
+            return None
+        stop = segments[-1][1]
         price = self._prices.get(signature)
         if price is None:
             self._recount = True
@@ -351,7 +395,7 @@ class ThroughputMeter:
             self._since.unpriced += 1
             return None
         self._prices.move_to_end(signature)
-        pending = (step["index"], step["start"], stop, tokens, price)
+        pending = (step["index"], segments, stop, tokens, price)
         if isinstance(stop, float):
             return self._add(pending)
         self._pending.append(pending)
@@ -364,7 +408,7 @@ class ThroughputMeter:
         step, self._open = self._open, None
         if step is None:
             return
-        if step["hook"] is not None:
+        if step["hook"] is not None and step["hook"] is not True:
             step["hook"].remove()
         if step["counter"] is not None:
             try:
@@ -373,9 +417,12 @@ class ThroughputMeter:
                 pass
 
     # -- what was counted ------------------------------------------------------------------
-    def _priced(self, signature: Any, profile: Profile) -> None:
-        self.profile = profile
-        self._prices[signature] = _Price(step_model_flops(profile), step_hardware_flops(profile))
+    def _priced(self, signature: Any, profile: Profile, *more: Profile) -> None:
+        """A counted step: ``profile`` (and ``more``, its parts after each ``pause``)."""
+        parts = (profile,) + more
+        self.profile = profile if not more else Profile.merge(parts)
+        self._prices[signature] = _Price(sum(map(step_model_flops, parts)),
+                                         sum(map(step_hardware_flops, parts)))
         self._prices.move_to_end(signature)
         while len(self._prices) > _PRICES_KEPT:
             self._prices.popitem(last=False)
@@ -438,8 +485,9 @@ class ThroughputMeter:
             self._add(self._pending.popleft())
 
     def _add(self, pending: tuple) -> StepTiming:
-        index, start, stop, tokens, price = pending
-        seconds = stop - start if isinstance(stop, float) else start.elapsed_time(stop) / 1e3
+        index, segments, _, tokens, price = pending
+        seconds = sum(stop - start if isinstance(stop, float) else
+                      start.elapsed_time(stop) / 1e3 for start, stop in segments)
         step = StepTiming(index, seconds, tokens, price.model_flops, price.hardware_flops,
                           self.peak_flop_s)
         self.history.append(step)
