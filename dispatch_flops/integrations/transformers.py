@@ -9,8 +9,8 @@ steps in the trainer's own logs (TensorBoard, W&B, CSV... whatever ``report_to``
 from __future__ import annotations
 
 import sys
-from types import FrameType
 from functools import partial
+from types import FrameType
 from typing import Optional
 
 try:
