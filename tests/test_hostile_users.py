@@ -319,3 +319,69 @@ def test_lightning_validation_inside_a_step_is_not_the_steps(monkeypatch):
     assert prices == {fc.model_flops()}
     reading = callback.meter.reading()
     assert reading.steps >= 2 and reading.step_s == 2 * 0.25
+
+
+# -- the meter sees through batches ---------------------------------------------------------
+
+
+def _lm():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+
+
+def _meter_run(batches, ids_of, **kwargs):
+    """Steps over ``batches`` (every step after the first timed unless its signature is new);
+    the meter and what each step priced."""
+    from dispatch_flops import DeviceSpec, ThroughputMeter
+
+    model = _lm()
+    meter = ThroughputMeter(model, every=100, warmup=0, device=DeviceSpec.cpu(1e11, 2e10))
+    for batch in batches:
+        with meter.step(batch, **kwargs):
+            model(ids_of(batch)).sum().backward()
+    return meter, model
+
+
+def test_a_dataclass_batch_is_priced_by_its_fields():
+    """A dataclass batch whose length goes 8 -> 64: the 64-token steps are counted anew and
+    timed at their own flops, with their tokens."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Batch:
+        input_ids: torch.Tensor
+        note: str = "train"
+
+    batches = [Batch(torch.zeros(2, n, dtype=torch.long)) for n in (8, 8, 64, 64)]
+    meter, model = _meter_run(batches, lambda b: b.input_ids)
+    with FlopCounter(model) as fc:
+        model(batches[-1].input_ids).sum().backward()
+    last = meter.history[-1]
+    assert last.model_flops == fc.model_flops() and last.tokens == 2 * 64
+    assert [s.tokens for s in meter.history] == [16, 128]
+
+
+def test_a_list_of_strings_is_its_length_and_other_objects_are_said():
+    """Texts differ every step: a list of strings is its length (steps are timed, not all
+    counted); a batch object the meter cannot see into is a warning, once."""
+    texts = [["a b", "c"], ["d e f", "g"], ["h", "i j"]]
+    meter, _ = _meter_run([{"text": t, "ids": torch.zeros(2, 4, dtype=torch.long)}
+                           for t in texts], lambda b: b["ids"])
+    assert len(meter.history) == 2
+
+    class Opaque:
+        def __init__(self, n):
+            self.ids = torch.zeros(2, n, dtype=torch.long)
+
+    with pytest.warns(RuntimeWarning, match="cannot see") as warned:
+        _meter_run([Opaque(4), Opaque(8)], lambda b: b.ids)
+    assert len([w for w in warned if "cannot see" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("tokens", [-5, float("nan"), float("inf"), 2.5, "8", True])
+def test_tokens_must_be_a_count(tokens):
+    from dispatch_flops import ThroughputMeter
+
+    meter = ThroughputMeter(_lm())
+    with pytest.raises(ValueError, match="tokens must be"):
+        meter.begin(tokens=tokens)

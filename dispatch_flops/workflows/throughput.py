@@ -28,6 +28,8 @@ the whole story.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
 import time
 import warnings
@@ -69,18 +71,46 @@ def step_hardware_flops(profile: Profile) -> int:
 
 def input_signature(value: Any) -> Any:
     """A hashable summary of a batch (or a model call's arguments) that decides whether two
-    steps do the same work: every tensor's shape and dtype, the structure around them, flags
-    (bools, strings, None) by value; numbers and other objects by type (an int argument such
-    as transformers' ``num_items_in_batch`` changes from step to step, not the work done)."""
+    steps do the same work: every tensor's shape and dtype, the structure around them
+    (mappings, lists, tuples and named tuples, dataclasses by their fields), flags (bools, a
+    string, None) by value, a list of strings by its length (texts differ every step, their
+    count is the batch); numbers by type (an int argument such as transformers'
+    ``num_items_in_batch`` changes from step to step, not the work done); any other object is
+    ``OPAQUE`` with its type: the meter cannot tell its steps apart (and says so)."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), str(value.dtype))
     if isinstance(value, Mapping):
         return ("map",) + tuple((str(k), input_signature(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, str) for v in value):
+            return ("strings", len(value))
         return (type(value).__name__,) + tuple(input_signature(v) for v in value)
     if value is None or isinstance(value, (bool, str)):
         return value
-    return type(value).__name__
+    if isinstance(value, (int, float, complex)):
+        return type(value).__name__
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and hasattr(value, "dtype"):  # a NumPy array and the like
+        return ("array", shape, str(value.dtype))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__,) + tuple(
+            (f.name, input_signature(getattr(value, f.name))) for f in dataclasses.fields(value))
+    return (OPAQUE, type(value).__name__)
+
+
+OPAQUE = "opaque"  # in a signature: an object whose shapes the meter cannot see
+
+
+def _opaque(signature: Any) -> Optional[str]:
+    """The type name of the first object a signature could not see into, or None."""
+    if isinstance(signature, tuple):
+        if len(signature) == 2 and signature[0] == OPAQUE:
+            return signature[1]
+        for part in signature:
+            found = _opaque(part)
+            if found is not None:
+                return found
+    return None
 
 
 def batch_tokens(value: Any) -> int:
@@ -93,6 +123,9 @@ def batch_tokens(value: Any) -> int:
         return batch_tokens(ids) if ids is not None else _first_tokens(value.values())
     if isinstance(value, (list, tuple)):
         return _first_tokens(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return batch_tokens(fields)
     return 0
 
 
@@ -289,6 +322,13 @@ class ThroughputMeter:
         ``with`` cannot wrap (callbacks)."""
         if self._open is not None:
             raise RuntimeError("ThroughputMeter.begin: a step is running; end() it first")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                                   or tokens < 0):
+            if not (isinstance(tokens, float) and math.isfinite(tokens) and tokens >= 0 and
+                    tokens == int(tokens)):
+                raise ValueError(f"tokens must be a non-negative whole number (the step's "
+                                 f"tokens), got {tokens!r}")
+            tokens = int(tokens)
         index = self._index
         untouched = index < self.warmup
         counted = not untouched and self.should_count(batch)
@@ -353,13 +393,24 @@ class ThroughputMeter:
         """Add a (micro-)batch to the running step: its signature and tokens."""
         step = self._open
         if step is not None and not step["untouched"]:
-            step["parts"].append(input_signature(batch))
+            signature = input_signature(batch)
+            step["parts"].append(signature)
             step["tokens"] += batch_tokens(batch)
+            self._check_seen(signature)
+
+    def _check_seen(self, signature: Any) -> None:
+        opaque = _opaque(signature)
+        if opaque is not None:
+            self._warn("opaque", f"a batch holds a {opaque}, whose tensors the meter cannot "
+                       "see: steps of different shapes look alike and are priced as one; "
+                       "pass the step a mapping, tuple or dataclass of tensors (or tokens=)")
 
     def _note_call(self, module, args, kwargs) -> None:
         step = self._open
         if step is not None:
-            step["parts"].append(input_signature((args, kwargs)))
+            signature = input_signature((args, kwargs))
+            step["parts"].append(signature)
+            self._check_seen(signature)
             ids = kwargs.get("input_ids", args[0] if args else None)
             step["tokens"] += batch_tokens(ids) if isinstance(ids, torch.Tensor) else 0
 
