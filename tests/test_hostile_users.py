@@ -385,3 +385,65 @@ def test_tokens_must_be_a_count(tokens):
     meter = ThroughputMeter(_lm())
     with pytest.raises(ValueError, match="tokens must be"):
         meter.begin(tokens=tokens)
+
+
+# -- figures and devices ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("peaks, bandwidth", [
+    ({"float32": float("nan")}, 1e9), ({"float32": float("inf")}, 1e9),
+    ({"float32": 1e12}, float("nan")), ({"float32": 1e12}, float("inf"))])
+def test_device_spec_refuses_non_finite_figures(peaks, bandwidth):
+    from dispatch_flops import DeviceSpec
+
+    with pytest.raises(ValueError, match="positive"):
+        DeviceSpec("x", peaks, bandwidth)
+    with pytest.raises(ValueError, match="interconnect_bandwidth"):
+        DeviceSpec("x", {"float32": 1e12}, 1e9, interconnect_bandwidth=float("nan"))
+
+
+def test_calibrate_runs_outside_an_open_counter_and_leaves_the_rng():
+    """Its matmuls are not the user's counts; the global generator draws what it would
+    have."""
+    from dispatch_flops import DeviceSpec
+
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    model = nn.Linear(4, 4)
+    with FlopCounter(model) as fc:
+        spec = DeviceSpec.calibrate("cpu", budget_s=0.5)
+        model(torch.zeros(1, 4))
+    assert fc.total.macs == 16 and spec.peak_flops("float32") > 0
+    torch.manual_seed(7)
+    DeviceSpec.calibrate("cpu", budget_s=0.5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_device_spec_takes_an_index_or_says_why_not():
+    from dispatch_flops.results.roofline import device_spec
+
+    assert device_spec(torch.device("cpu")) is None
+    if torch.cuda.is_available():
+        assert device_spec(0) == device_spec()
+    else:
+        with pytest.raises(ValueError, match="no such CUDA device"):
+            device_spec(0)
+    with pytest.raises(ValueError, match="a CUDA device index"):
+        device_spec(1.5)
+
+
+def test_experts_table_of_a_file_with_a_layer_listing_no_expert(tmp_path):
+    """A loadable JSON whose experts entry lists no expert: the table still prints."""
+    import json
+
+    from dispatch_flops import Profile
+    from tests.moe_models import ListMoE
+
+    model = ListMoE(4, 8, 2, [0, 1, 0])
+    with FlopCounter(model) as fc:
+        model(torch.randn(3, 4))
+    data = fc.to_profile().to_dict()
+    data["experts"] = [{**data["experts"][0], "tokens": [], "rows": []}]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    assert "experts" in Profile.from_json(path).experts_table()

@@ -40,8 +40,10 @@ def experts_table(profile: Profile) -> str:
     lines.append("-" * len(lines[0]))
     for layer, s in stats.items():
         imbalance = f"{s.imbalance:.2f}" if s.imbalance is not None else "-"
+        # a layer listing no expert (a file can say so): no min or max to show
+        low, high = (min(s.tokens), max(s.tokens)) if s.tokens else ("-", "-")
         lines.append(f"{layer:<{width}}  {s.experts:>7}  {s.calls:>5}  {human(s.total):>6}  "
-                     f"{min(s.tokens):>5}  {s.mean:>7.1f}  {max(s.tokens):>6}  {imbalance:>8}  "
+                     f"{low:>5}  {s.mean:>7.1f}  {high:>6}  {imbalance:>8}  "
                      f"{s.idle:>4}  {s.padding:>7.1%}")
     return "\n".join(lines)
 
