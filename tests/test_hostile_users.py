@@ -447,3 +447,67 @@ def test_experts_table_of_a_file_with_a_layer_listing_no_expert(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(data))
     assert "experts" in Profile.from_json(path).experts_table()
+
+
+# -- conventions read the model right ----------------------------------------------------------
+
+
+class DenseTopK(nn.Module):
+    """A dense model: four layers in a ModuleList, all run, and a top-2 of 4 candidate
+    scores in its head (no router, no experts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        self.score = nn.Linear(8, 4)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.score(x).topk(2, dim=-1).values
+
+
+def test_a_dense_model_with_a_topk_over_a_module_list_has_no_experts():
+    model = DenseTopK()
+    with FlopCounter(model) as fc:
+        model(torch.zeros(2, 3, dtype=torch.long)).sum().backward()
+    c = fc.conventions(tokens=6)
+    assert c.shape.experts == () and c.shape.inactive == 0
+    assert c.shape.parameters == sum(p.numel() for p in model.parameters())
+    text = str(c)
+    assert "experts" not in text.splitlines()[1]
+    assert "varies" not in text and "attention: none counted" in text  # no attention at all
+
+
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.proj(x).view(1, x.shape[0], 2, 4).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h)
+
+
+class EncoderDecoder(nn.Module):
+    """One encoder attention over 12 tokens, one decoder attention over 4."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = SelfAttention()
+        self.decoder = SelfAttention()
+
+    def forward(self, source, target):
+        return self.encoder(source).sum() + self.decoder(target).sum()
+
+
+def test_an_encoder_decoder_says_which_tokens_the_figures_are_per():
+    model = EncoderDecoder()
+    with FlopCounter(model) as fc:
+        model(torch.randn(12, 8), torch.randn(4, 8))
+    c = fc.conventions()
+    assert c.shape.token_counts == (12, 4)
+    assert "12 and 4 tokens" in str(c) and "tokens=" in str(c)
+    assert fc.conventions(tokens=16).shape.tokens == 16

@@ -60,6 +60,10 @@ def conventions_table(c: conventions.Conventions) -> str:
     s = c.shape
     kind = "training (forward + backward)" if s.passes == 3 else "forward only"
     where = "the attention calls' b·s" if s.tokens_seen else "given"
+    if s.tokens_seen and len(s.token_counts) > 1:  # an encoder and a decoder, say
+        where = (f"the first attention layer's b·s; the layers saw "
+                 f"{' and '.join(map(_grouped, s.token_counts))} tokens (an encoder and a "
+                 f"decoder?): per-token figures are per the first's, pass tokens= to choose")
     head = "tied to the embedding" if s.tied else "untied"
     lines = [f"MFU conventions: {c.model}, {kind}, per token ({_grouped(s.tokens)} tokens: "
              f"{where})"]
@@ -71,8 +75,11 @@ def conventions_table(c: conventions.Conventions) -> str:
     shown = [f"{k} {_grouped(v) if v is not None else 'varies'}" for k, v in
              (("L", s.layers), ("H", s.heads), ("Q", s.head_dim), ("T", s.keys))]
     causal = {True: "causal", False: "not causal", None: "causal or not: unseen"}[s.causal]
-    lines.append(f"attention: {', '.join(shown)} ({causal}; counted: {s.counted_attention}"
-                 f"); L·H·Q·T per token {scientific(s.attention)}")
+    if s.layers:
+        lines.append(f"attention: {', '.join(shown)} ({causal}; counted: "
+                     f"{s.counted_attention}); L·H·Q·T per token {scientific(s.attention)}")
+    else:
+        lines.append("attention: none counted (L·H·Q·T 0)")
     if c.peak_flops:
         lines.append(f"MFU = flops/token x {_grouped(c.tokens_per_s or 0)} tokens/s / "
                      f"{c.peak_flops / 1e12:,.1f} TFLOP/s ({c.device}, {c.dtype} dense peak)")
