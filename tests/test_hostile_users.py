@@ -511,3 +511,27 @@ def test_an_encoder_decoder_says_which_tokens_the_figures_are_per():
     assert c.shape.token_counts == (12, 4)
     assert "12 and 4 tokens" in str(c) and "tokens=" in str(c)
     assert fc.conventions(tokens=16).shape.tokens == 16
+
+
+def test_a_reused_block_mask_follows_its_captured_tensors_changed_in_place():
+    """A BlockMask whose mask_mod reads document ids that the user changes in place: the
+    masked pairs of the next call are the new ids' (the cache knows the tensor's version)."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    docs = torch.tensor([0] * 8 + [1] * 8)
+
+    def same_document(b, h, q, kv):
+        return docs[q] == docs[kv]
+
+    block_mask = flex.create_block_mask(same_document, None, None, 16, 16, device="cpu")
+    q = torch.randn(1, 1, 16, 8)
+
+    def masked():
+        with FlopCounter() as fc:
+            flex.flex_attention(q, q, q, block_mask=block_mask)
+        return fc.total.flops - fc.total.model_flops
+
+    before = masked()
+    docs.copy_(torch.tensor([0] * 4 + [1] * 12))
+    after = masked()
+    # unmasked pairs: 2 x 8 x 8 = 128, then 4 x 4 + 12 x 12 = 160, of 256
+    assert before * (256 - 160) == after * (256 - 128)
