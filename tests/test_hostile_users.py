@@ -535,3 +535,51 @@ def test_a_reused_block_mask_follows_its_captured_tensors_changed_in_place():
     after = masked()
     # unmasked pairs: 2 x 8 x 8 = 128, then 4 x 4 + 12 x 12 = 160, of 256
     assert before * (256 - 160) == after * (256 - 128)
+
+
+# -- compiled graphs with scalar inputs -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_compiled_graph_taking_a_python_float_is_counted_not_a_crash():
+    """``torch.compile``d ``x * s + 1`` called with a second float: dynamo passes ``s`` as a
+    0-d tensor it reads with ``item()``; pricing on fake tensors reads it as a symbol (a shape
+    environment): the counts are eager's."""
+
+    @torch.compile  # inductor: what users run
+    def scale(x, s):
+        return x * s + 1
+
+    x = torch.randn(4, 4)
+    scale(x, 2.0)
+    with FlopCounter() as fc:
+        scale(x, 3.0)
+        scale(x, 4.0)
+    with FlopCounter() as eager:
+        for s in (3.0, 4.0):
+            x * s + 1
+    assert fc.total.flops == eager.total.flops == 2 * 2 * 16
+    assert not fc.unsupported_ops()
+
+
+@pytest.mark.slow
+def test_a_graph_that_cannot_be_priced_is_counted_as_eager_with_a_warning(monkeypatch):
+    """Pricing that fails on fake tensors (whatever the reason): a warning, and the graph's
+    runs inside the counter are the traced graph run op by op: eager's counts, eager's
+    result."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("fake tensors cannot run this")
+
+    @torch.compile
+    def mlp(x, w):
+        return torch.relu(x @ w).sum()
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    mlp(x, w)
+    monkeypatch.setattr(compiled.Graph, "_price", refuse)
+    with pytest.warns(RuntimeWarning, match="counted as eager"):
+        with FlopCounter() as fc:
+            out = mlp(x, w)
+    assert torch.allclose(out, torch.relu(x @ w).sum())
+    assert fc.total.macs == 4 * 8 * 8
