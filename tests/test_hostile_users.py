@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch._C._autograd import _top_saved_tensors_default_hooks as top_saved_tensors_hooks
 from torch.autograd.graph import saved_tensors_hooks
@@ -14,6 +16,7 @@ from torch.optim import optimizer as optim_globals
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.hooks import RemovableHandle
 
+import strategies
 from dispatch_flops import FlopCounter
 from dispatch_flops.engine import compiled, tracker
 
@@ -436,8 +439,9 @@ def test_experts_table_of_a_file_with_a_layer_listing_no_expert(tmp_path):
     """A loadable JSON whose experts entry lists no expert: the table still prints."""
     import json
 
+    from moe_models import ListMoE
+
     from dispatch_flops import Profile
-    from tests.moe_models import ListMoE
 
     model = ListMoE(4, 8, 2, [0, 1, 0])
     with FlopCounter(model) as fc:
@@ -583,3 +587,16 @@ def test_a_graph_that_cannot_be_priced_is_counted_as_eager_with_a_warning(monkey
             out = mlp(x, w)
     assert torch.allclose(out, torch.relu(x @ w).sum())
     assert fc.total.macs == 4 * 8 * 8
+
+
+@settings(max_examples=25, deadline=None)
+@given(build=strategies.batch_builders(), lengths=st.tuples(st.integers(1, 9),
+                                                           st.integers(1, 9)))
+def test_a_batch_signature_sees_its_lengths_through_any_container(build, lengths):
+    """However the batch nests its tensors, two batches have one signature exactly when
+    their lengths are equal, and no container is opaque."""
+    from dispatch_flops.workflows.throughput import _opaque, input_signature
+
+    a, b = (input_signature(build(n)) for n in lengths)
+    assert (a == b) == (lengths[0] == lengths[1])
+    assert _opaque(a) is None
