@@ -117,10 +117,10 @@ class FlopCounter(ProfileViews):
         self._active = False
         self._wall = [0]  # ns from entry to exit, when timing
         self._wall_start = None
-        self._saved_hooks: Optional[saved_tensors_hooks] = None
         self._saved: Optional[SavedActivations] = None  # bytes saved for backward, if asked
         self._relay = None  # the Relay this counter put under the mode below it, if nested
         self._experts: Optional[ExpertLoad] = None  # the MoE layers' hooks (engine.expert_load)
+        self._parts: Optional[_Parts] = None  # what __enter__ installed, for __exit__
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts)
         # (volatile run facts, (module types, params)) read at exit: see __exit__
         self._at_exit: Optional[tuple] = None
@@ -144,45 +144,39 @@ class FlopCounter(ProfileViews):
         guard = block_frame(_user_frame())
         mode = (GuardedCountingMode if guard is not None else CountingMode)(
             self.registry, runner)
-        ledger = ledger_for(engine_cache(self.registry).ledgers, self.model, timer)
+        ledger = None
+        # every part is set up inside one try, each noted as soon as it exists: whatever
+        # raises where (a KeyboardInterrupt too), what was installed is taken off again
+        parts = self._parts = _Parts(mode, relay)
         try:
+            ledger = parts.ledger = ledger_for(engine_cache(self.registry).ledgers, self.model,
+                                               timer)
             # what counting changes, one object: the mode and tracker write its parts
             state = CountingState(ledger if ledger is not None else Ledger())
-            tracker = ModuleTracker(self.model, mode, state, timer, ledger is not None, guard,
-                                    self._every_module)
+            tracker = parts.tracker = ModuleTracker(
+                self.model, mode, state, timer, ledger is not None, guard, self._every_module)
             mode.bind(tracker, state)
             mode.follow_local_tensors(self.model)
             tracker.attach()
             # MoE layers' expert load (hooks on recognised expert modules only)
-            self._experts = _experts.watch(tracker.module_names(), tracker.modules()) \
-                if self.model is not None else None
-        except BaseException:
-            if ledger is not None:
-                ledger.busy = False
-            _unrelay(relay)
-            raise
-        saved_hooks: Optional[saved_tensors_hooks] = None
-        saved: Optional[SavedActivations] = None
-        try:
+            layers = _experts.expert_layers(tracker.module_names(), tracker.modules()) \
+                if self.model is not None else []
+            if layers:
+                parts.experts = ExpertLoad(layers)
+                parts.experts.attach()
+            parts.mode_entered = True
             mode.__enter__()
             if self.saved_activations:
-                saved = SavedActivations(tracker, self.model)
-                tracker.watch_saved(saved)
-                saved_hooks = saved_tensors_hooks(saved.pack, saved.unpack)
-                try:
-                    saved_hooks.__enter__()
-                except BaseException:
-                    mode.__exit__(None, None, None)
-                    raise
+                parts.saved = SavedActivations(tracker, self.model)
+                tracker.watch_saved(parts.saved)
+                saved_tensors_hooks(parts.saved.pack, parts.saved.unpack).__enter__()
+            parts.compiled = True
+            _compiled.enter(mode, tracker)
         except BaseException:
-            tracker.detach()
-            if self._experts is not None:
-                self._experts.detach()
-            tracker.close(tracker.mode_left_installed())
-            _unrelay(relay)
+            _undo(parts.steps(self, None))  # what it raises is second to what got here
+            self._parts = None
             raise
-        _compiled.enter(mode, tracker)
-        self._saved_hooks, self._saved = saved_hooks, saved
+        self._experts, self._saved = parts.experts, parts.saved
         self._relay = relay
         self._tracker, self._mode, self._active = tracker, mode, True
         self._captured = self._profile = self._at_exit = None
@@ -192,8 +186,9 @@ class FlopCounter(ProfileViews):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        tracker, mode = self._tracker, self._mode
-        assert tracker is not None and mode is not None, "__exit__ without __enter__"
+        tracker, mode, parts = self._tracker, self._mode, self._parts
+        assert tracker is not None and mode is not None and parts is not None, \
+            "__exit__ without __enter__"
         if threading.get_ident() != tracker.thread:
             # its mode is on the entering thread's dispatch stack, which only that thread can
             # change: the counter stays open (and counting there) until exited there
@@ -201,33 +196,35 @@ class FlopCounter(ProfileViews):
                 f"this FlopCounter was entered in thread {tracker.thread} and is exited in "
                 f"thread {threading.get_ident()}: exit it in the thread that entered it (it "
                 f"is still counting there)")
-        try:
-            if self._saved_hooks is not None:
-                self._saved_hooks.__exit__(exc_type, exc, tb)
-                self._saved_hooks = None
-            exit_mode(mode, exc_type, exc, tb)  # wherever it is on the stack
-        finally:
-            _compiled.leave(mode)
-            tracker.detach()
-            if self._experts is not None:
-                self._experts.detach()
-            _unrelay(self._relay)
-            self._relay = None
-            if self._timer is not None:  # on every stream used: side streams' work inside
-                self._timer.span(self._wall, 0, self._wall_start,
-                                 self._timer.mark(block_end=True))
-            self._active = False
-            # what may change once the block is over (the model's dtype and modules, the
-            # process group) is read now; the counts are read when first asked for, or when
-            # the next counter on the model needs the ledger (``Ledger.settle``)
+        # every step runs whatever an earlier one raised (a KeyboardInterrupt too), and each
+        # is safe to run again: the first exception is raised once all have run
+        failed = _undo(parts.steps(self, (exc_type, exc, tb)))
+        self._parts = None
+        if failed is not None:
+            raise failed
+
+    def _wall_ends(self) -> None:
+        timer = self._timer
+        if timer is not None and self._wall_start is not None:  # on every stream used
+            start, self._wall_start = self._wall_start, None
+            timer.span(self._wall, 0, start, timer.mark(block_end=True))
+
+    def _closes(self, tracker: ModuleTracker) -> None:
+        """The block is over: its facts read, its ledger handed on (or retired)."""
+        self._active = False
+        # what may change once the block is over (the model's dtype and modules, the
+        # process group) is read now; the counts are read when first asked for, or when
+        # the next counter on the model needs the ledger (``Ledger.settle``)
+        if self._at_exit is None:
             self._at_exit = (self._volatile_facts(), _facts.types_and_params(tracker))
-            left_installed = tracker.mode_left_installed()
-            if tracker.shared:
-                if left_installed:  # its mode may go on counting into the ledger
+        left_installed = tracker.mode_left_installed()
+        if tracker.shared:
+            if left_installed:  # its mode may go on counting into the ledger
+                if self._captured is None:
                     self._captured = self._capture()
-                else:
-                    tracker.ledger.holder = weakref.WeakMethod(self._settle)
-            tracker.close(left_installed)
+            else:
+                tracker.ledger.holder = weakref.WeakMethod(self._settle)
+        tracker.close(left_installed)
 
     def _cuda_devices(self) -> list[int]:
         """The CUDA devices the model's parameters and buffers are on (its marks start
@@ -441,3 +438,59 @@ def _user_frame() -> Optional[FrameType]:
             "dispatch_flops."):
         frame = frame.f_back
     return frame
+
+
+class _Parts:
+    """What one ``__enter__`` installed, noted as each part comes to exist: ``steps`` takes
+    them off again, in reverse, each step safe to run twice."""
+
+    __slots__ = ("mode", "relay", "ledger", "tracker", "experts", "saved", "mode_entered",
+                 "compiled")
+
+    def __init__(self, mode: CountingMode, relay):
+        self.mode, self.relay = mode, relay
+        self.ledger: Optional[Ledger] = None
+        self.tracker: Optional[ModuleTracker] = None
+        self.experts: Optional[ExpertLoad] = None
+        self.saved: Optional[SavedActivations] = None
+        self.mode_entered = self.compiled = False
+
+    def steps(self, counter: FlopCounter, exc: Optional[tuple]) -> list:
+        """The undo steps: ``exc`` is the block's exception triple when the counter was
+        entered (its exit), None when entering failed."""
+        mode, tracker, saved = self.mode, self.tracker, self.saved
+        steps: list = []
+        if saved is not None:
+            steps.append(saved.leave)
+        if self.mode_entered:
+            steps.append(lambda: exit_mode(mode, *(exc or (None, None, None))))
+        if self.compiled:
+            steps.append(lambda: _compiled.leave(mode))
+        if tracker is not None:
+            steps.append(tracker.detach)
+        if self.experts is not None:
+            steps.append(self.experts.detach)
+        steps.append(lambda: _unrelay(self.relay))
+        if exc is not None and tracker is not None:
+            steps += [counter._wall_ends, lambda: counter._closes(tracker)]
+        elif tracker is not None:
+            steps.append(lambda: tracker.close(tracker.mode_left_installed()))
+        elif self.ledger is not None:
+            ledger = self.ledger
+            steps.append(lambda: setattr(ledger, "busy", False))
+        return steps
+
+
+def _undo(steps: list) -> Optional[BaseException]:
+    """Run every step, each once more if it raised (an interrupt landing in it: the steps are
+    safe to repeat); the first exception raised, or None."""
+    first: Optional[BaseException] = None
+    for step in steps:
+        for _ in range(2):
+            try:
+                step()
+                break
+            except BaseException as e:
+                if first is None:
+                    first = e
+    return first

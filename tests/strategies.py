@@ -169,3 +169,41 @@ def context_runs(draw):
             draw(st.booleans()),
             draw(st.fixed_dictionaries({"timing": st.booleans(),
                                         "saved_activations": st.booleans()})))
+
+
+@st.composite
+def batch_builders(draw):
+    """A way users hold a batch: a function from a sequence length to a batch of token ids
+    (and texts) nested in mappings, lists, tuples, named tuples and dataclasses."""
+    import collections
+    import dataclasses
+
+    import torch
+
+    Pair = collections.namedtuple("Pair", "ids mask")
+
+    @dataclasses.dataclass
+    class Batch:
+        ids: object
+        texts: list
+
+    kinds = draw(st.lists(st.sampled_from(["dict", "list", "tuple", "named", "data"]),
+                          min_size=1, max_size=3))
+    rows = draw(st.integers(1, 3))
+
+    def build(length: int):
+        value: object = torch.zeros(rows, length, dtype=torch.long)
+        for kind in kinds:
+            if kind == "dict":
+                value = {"input_ids": value, "flag": True}
+            elif kind == "list":
+                value = [value]
+            elif kind == "tuple":
+                value = (value, None)
+            elif kind == "named":
+                value = Pair(value, torch.ones(rows, length))
+            else:
+                value = Batch(value, ["some text"] * rows)
+        return value
+
+    return build

@@ -67,7 +67,7 @@ from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack 
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
 from dispatch_flops.engine.torch_private import pop_mode as _pop_mode
 from dispatch_flops.engine.torch_private import push_mode as _push_mode
-from dispatch_flops.engine.tracker import ModuleTracker
+from dispatch_flops.engine.tracker import GLOBAL_HOOK_DICTS, ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT
 
 _calls = itemgetter(CALLS)
@@ -126,6 +126,20 @@ class _Priced:
         self.tallies = tallies
 
 
+
+
+def _shape_env():
+    try:
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    except ImportError:  # pragma: no cover - every torch the package declares has it
+        return None
+    return ShapeEnv()
+
+
+# a graph's price where pricing failed: its runs are counted as eager
+_EAGER = _Priced([], [], [])
+
+
 class Graph:
     """A compiled graph as dynamo calls it: runs ``compiled`` (what the backend returned),
     counted by every counter active on this thread."""
@@ -174,7 +188,18 @@ class Graph:
             key = (id(tracker.state.forward_acc), shapes, instance)
             priced = prices.get(key)
             if priced is None:
-                priced = prices[key] = self._price(mode, tracker, args, kwargs)
+                try:
+                    priced = self._price(mode, tracker, args, kwargs)
+                except Exception as e:  # what fake tensors cannot run: eager can
+                    priced = _EAGER
+                    warnings.warn(
+                        f"dispatch_flops: a compiled graph could not be priced on fake tensors "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                        f"its runs inside counters are counted as eager code (the graph "
+                        f"dynamo traced, run op by op)", RuntimeWarning, stacklevel=2)
+                prices[key] = priced
+            if priced is _EAGER:  # counted as eager: the traced graph run under the modes
+                return self.gm(*args, **kwargs)
             runs.append((mode, tracker, priced))
         timed = []
         for _mode, tracker, priced in runs:
@@ -239,11 +264,14 @@ class Graph:
         running, saved = tracker.current, tracker.state.save()
         before = (list(map(_calls, records)), list(map(_ns, records)))
         with _disable_current_modes():
-            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            # a shape environment: a value read from a tensor (a Python float the graph takes
+            # as a 0-d tensor, ``.item()``) is a symbol there, not an error
+            fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=_shape_env())
             # torch's fake-tensor dispatch cache is process-wide and never emptied: pricing
             # each shape dynamic ones meet would leave an entry per op and shapes behind
             fake_mode.cache_enabled = False
-            fake = [fake_mode.from_tensor(a) if isinstance(a, Tensor) else a for a in args]
+            fake = [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, Tensor)
+                    else a for a in args]
         frames = _FrameMap(tracker, running, self._renames(tracker, args))
         pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
@@ -263,6 +291,11 @@ class Graph:
                         grads = [torch.ones((), dtype=o.dtype, device=o.device).expand(o.shape)
                                  for o in outs]
                     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+        except BaseException:  # the pricing run counts nothing itself, failed or not
+            for i, rec in enumerate(records):
+                rec[CALLS] = before[0][i] if i < len(before[0]) else 0
+                rec[NS] = before[1][i] if i < len(before[1]) else 0
+            raise
         finally:
             flex.PRICING.remove(pricing)
             tracker.current = running
@@ -728,9 +761,7 @@ def _restore_skipped() -> None:
 
 
 # -- while a counter counts ---------------------------------------------------------------
-_HOOK_DICTS = tuple("torch.nn.modules.module._global_forward" + name for name in (
-    "_pre_hooks", "_hooks", "_hooks_always_called")) + tuple(
-    "torch.optim.optimizer._global_optimizer" + name for name in ("_pre_hooks", "_post_hooks"))
+_HOOK_DICTS = GLOBAL_HOOK_DICTS
 
 
 def _hook_dicts():

@@ -35,6 +35,9 @@ _SPARSE_LAYOUTS = {torch.sparse_coo: "sparse_coo", torch.sparse_csr: "sparse_csr
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
+_SOME_FLOAT = 0.5  # stands for a float without a value (see _exotic_call)
+
+
 def _hint(v):
     """A size or scalar as a plain number: a symbolic one (fake tensors under a ShapeEnv,
     dynamic shapes at compile time) by its hint; ``_Unpriced`` for one without a hint
@@ -125,6 +128,10 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
         if isinstance(v, torch.ScriptObject):  # as the formula sees it on the hot path
             described = script_key(v)
             return described, described, 0, None
+        if isinstance(v, torch.SymFloat) and not v.node.has_hint():
+            # a float read from a tensor (``item()`` on fake tensors): a value formulas do not
+            # tell apart, as eager's floats outside the few they do
+            return scalar_key(_SOME_FLOAT), _SOME_FLOAT, 0, None
         v = _hint(v)
         return scalar_key(v), v, 0, None
 

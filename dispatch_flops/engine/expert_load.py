@@ -33,12 +33,17 @@ import torch
 from torch import nn
 
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
+from dispatch_flops.engine.torch_private import lookup
 
 
 def _fused(module: nn.Module) -> Optional[int]:
-    experts = getattr(module, "num_experts", None)
-    if type(module).__name__.endswith("Experts") and isinstance(experts, int) and \
-            not isinstance(experts, bool) and experts > 0:
+    if not type(module).__name__.endswith("Experts"):
+        return None
+    try:
+        experts = getattr(module, "num_experts", None)
+    except Exception:  # a config-backed __getattr__ raising KeyError: no expert count
+        return None
+    if isinstance(experts, int) and not isinstance(experts, bool) and experts > 0:
         return experts
     return None
 
@@ -72,21 +77,33 @@ class ExpertLoad:
         # name: [tokens per expert, rows computed per expert, calls, calls per expert]
         self.load: dict[str, list] = {}
         self._handles: list = []
+        self._hooked: list = []  # (module, hook) of every hook registered
 
     def attach(self) -> None:
         for name, module, n in self.layers:
             if isinstance(module, nn.ModuleList):
                 for i, expert in enumerate(module):
-                    self._handles.append(expert.register_forward_pre_hook(
-                        self._listed(name, n, i), with_kwargs=True))
+                    self._register(expert, self._listed(name, n, i))
             else:
-                self._handles.append(module.register_forward_pre_hook(
-                    self._fused(name, n), with_kwargs=True))
+                self._register(module, self._fused(name, n))
+
+    def _register(self, module: nn.Module, hook) -> None:
+        self._hooked.append((module, hook))  # first: detach finds it if no handle came back
+        self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
     def detach(self) -> None:
+        """Remove the hooks, those whose handle an interrupt kept from us too: safe to call
+        again."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if lookup("torch.nn.Module._forward_pre_hooks") is not None:
+            for module, hook in self._hooked:
+                hooks = module._forward_pre_hooks
+                for key in [k for k, v in hooks.items() if v is hook]:
+                    del hooks[key]
+                    module._forward_pre_hooks_with_kwargs.pop(key, None)
+        self._hooked = []
 
     def _entry(self, name: str, n: int) -> list:
         entry = self.load.get(name)

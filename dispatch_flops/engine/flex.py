@@ -193,8 +193,10 @@ def unmasked_pairs(block_mask: tuple, buffers: tuple, b: int, h: int, s_q: int, 
 
     mask_mod = block_mask[MASK_MOD]
     anchor = block_mask[KV_NUM_BLOCKS]
+    # the tensors mask_mod reads (its buffers, those its closure and globals hold) by
+    # version too: ids a user changes in place are a new mask
     key = (id(anchor), getattr(anchor, "_version", 0), id(mask_mod), b, h, s_q, s_k, blocks,
-           tuple(id(x) for x in buffers))
+           tuple((id(x), getattr(x, "_version", 0)) for x in buffers), _captured(mask_mod))
     found = _UNMASKED.get(key)
     if found is not None and found[0]() is anchor:
         return found[1]
@@ -208,6 +210,25 @@ def unmasked_pairs(block_mask: tuple, buffers: tuple, b: int, h: int, s_q: int, 
         _UNMASKED.clear()
     _UNMASKED[key] = (weakref.ref(anchor), useful)
     return useful
+
+
+def _captured(fn) -> tuple:
+    """``(id, version)`` of each tensor a function reads from its closure or globals."""
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, Tensor):
+            found.append((id(value), value._version))
+    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is not None and names is not None:
+        for name in code.co_names:
+            value = names.get(name)
+            if isinstance(value, Tensor):
+                found.append((id(value), value._version))
+    return tuple(found)
 
 
 def _block_grid(block_mask: tuple, b: int, h: int, full: bool):

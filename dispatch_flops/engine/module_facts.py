@@ -14,6 +14,7 @@ from typing import Optional
 
 from torch import nn
 
+from dispatch_flops.engine.expert_load import expert_layers
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import CALLS, SIGNATURE
 from dispatch_flops.engine.tracker import Frame, ModuleTracker
@@ -254,11 +255,18 @@ def parameter_groups(tracker: ModuleTracker, resolutions: dict) -> tuple:
             routers[name] = (experts, k)
     in_routers: set = set()
     active: dict[int, tuple] = {}  # id(expert parameter) -> (k, E)
-    for name, (experts, k) in routers.items():
+    # experts are the MoE layers expert load recognises (a ModuleList named ``experts``, a
+    # ``*Experts`` module with ``num_experts``): a top-k over E candidates beside any list
+    # of E modules (a dense model's layers) is no router
+    recognised = {id(m) for _, m, _ in expert_layers(names, modules)} if routers else set()
+    for name, (experts, k) in list(routers.items()):
         router = by_name[name]
-        block = router if _experts_of(router, experts) else by_name.get(
+        block = router if _experts_of(router, experts, recognised) else by_name.get(
             name.rsplit(".", 1)[0] if "." in name else names[0], router)
-        held = _experts_of(block, experts)
+        held = _experts_of(block, experts, recognised)
+        if not held:  # a top-k over no experts: no router
+            del routers[name]
+            continue
         for p in held:
             active[id(p)] = (k, experts)
         inside = router.parameters() if block is not router else (
@@ -286,14 +294,19 @@ def parameter_groups(tracker: ModuleTracker, resolutions: dict) -> tuple:
             ("hidden", token.embedding_dim if token is not None else 0))
 
 
-def _experts_of(module: nn.Module, experts: int) -> list:
-    """The parameters of ``module``'s experts: those of a ``ModuleList`` of ``experts``
-    modules, and those stacked with a leading dimension of ``experts`` (fused experts)."""
+def _experts_of(module: nn.Module, experts: int, recognised: set) -> list:
+    """The parameters of ``module``'s recognised expert layers (ids in ``recognised``) of
+    ``experts`` experts: a ``ModuleList``'s, or a fused module's stacked with a leading
+    dimension of ``experts``."""
     found: dict[int, nn.Parameter] = {}
     for m in module.modules():
-        if isinstance(m, nn.ModuleList) and len(m) == experts:
-            found.update((id(p), p) for p in m.parameters())
-        for p in m._parameters.values():
-            if p is not None and p.dim() >= 3 and p.shape[0] == experts:
+        if id(m) not in recognised:
+            continue
+        if isinstance(m, nn.ModuleList):
+            if len(m) == experts:
+                found.update((id(p), p) for p in m.parameters())
+            continue
+        for p in m.parameters():
+            if p.dim() >= 3 and p.shape[0] == experts:
                 found[id(p)] = p
     return list(found.values())

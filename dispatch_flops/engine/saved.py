@@ -34,6 +34,7 @@ from dispatch_flops.engine.tracker import ModuleTracker
 
 # the attribute that marks a pack this module put in place of a user's (``_wrap_inner_hooks``)
 _NOTED = "_dispatch_flops_noted"
+_THEIRS = "_dispatch_flops_theirs"  # (SavedActivations, the user's pack) a noting pack wraps
 
 
 class SavedActivations:
@@ -98,8 +99,31 @@ class SavedActivations:
             return their_pack(tensor)
 
         _mark_noted(pack)
+        vars(pack)[_THEIRS] = (self, their_pack)
         pop_saved_tensors_hooks()
         push_saved_tensors_hooks(pack, their_unpack)
+
+    def leave(self) -> None:
+        """Take this counter's hooks off the saved-tensors stack wherever they are (torch's
+        ``__exit__`` pops the innermost: a user's hooks entered in the block and exited after
+        it would be popped in our place), the hooks above put back as their owners entered
+        them (without our noting wrapper). Nothing changes when ours are not there: safe to
+        call again."""
+        above = []
+        found = False
+        while True:
+            top = top_saved_tensors_hooks(False)
+            if top is None:
+                break
+            pop_saved_tensors_hooks()
+            if getattr(top[0], "__self__", None) is self:
+                found = True
+                break
+            above.append(top)
+        for pack, unpack in reversed(above):
+            owner, theirs = vars(pack).get(_THEIRS, (None, pack)) \
+                if hasattr(pack, "__dict__") else (None, pack)
+            push_saved_tensors_hooks(theirs if found and owner is self else pack, unpack)
 
     def step_begins(self) -> None:
         """The model's root module is called again: a new step, whose tensors may reuse the

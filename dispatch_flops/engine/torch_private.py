@@ -41,6 +41,8 @@ FLEX = "FlexAttention calls not counted whole"
 FLEX_MASK = "FlexAttention mask_mod blocks counted as computed, not by the pairs they keep"
 GROUPS = "collectives naming their group by string priced as on a group of one"
 GATHER = "dispatch_flops.gather unavailable"
+INTERRUPTED = ("an expert-load hook whose registration an interrupt cut short stays on "
+               "its module")
 DTENSOR = "DTensor logical figures may include sharding propagation's ops"
 
 
@@ -185,6 +187,8 @@ TABLE: tuple[Private, ...] = (
     Private("torch.nn.Module._modules", NEEDED, find=lambda: torch.nn.Module()._modules),
     Private("torch.nn.Module._parameters", NEEDED, find=lambda: torch.nn.Module()._parameters),
     Private("torch.nn.Module._get_name", NEEDED),
+    Private("torch.nn.Module._forward_pre_hooks", INTERRUPTED,
+            find=lambda: torch.nn.Module()._forward_pre_hooks),
     Private(_HOOKS + "_global_forward_pre_hooks", COMPILE_HOOKS),
     Private(_HOOKS + "_global_forward_hooks", COMPILE_HOOKS),
     Private(_HOOKS + "_global_forward_hooks_always_called", COMPILE_HOOKS),

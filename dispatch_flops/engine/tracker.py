@@ -49,7 +49,7 @@ from dispatch_flops.engine.torch_private import (
     get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
 )
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
-from dispatch_flops.engine.torch_private import top_saved_tensors_hooks
+from dispatch_flops.engine.torch_private import lookup, top_saved_tensors_hooks
 from dispatch_flops.results.stats import ROOT, static_prefixes
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequen
 # module boundaries kept for attributing backward ops (see _forget_oldest_boundaries)
 BOUNDARY_WINDOW = 100_000
 _getframe = sys._getframe
+# torch's global hook dicts, where the tracker's hooks live (``engine.compiled`` hides them
+# from compiles)
+GLOBAL_HOOK_DICTS = tuple("torch.nn.modules.module._global_forward" + name for name in (
+    "_pre_hooks", "_hooks", "_hooks_always_called")) + tuple(
+    "torch.optim.optimizer._global_optimizer" + name for name in ("_pre_hooks", "_post_hooks"))
 _get_ident = threading.get_ident
 
 
@@ -238,10 +243,20 @@ class ModuleTracker(OptimizerSteps):
             raise
 
     def detach(self) -> None:
-        """Remove the hooks ``attach`` registered."""
+        """Remove the hooks ``attach`` registered, and any of this tracker's hooks still in
+        torch's global hook dicts (an interrupt landing between a registration and its handle
+        reaching ``_handles``): safe to call again."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        dicts = [lookup(name) for name in GLOBAL_HOOK_DICTS]
+        for hooks in dicts:
+            if not hooks:
+                continue
+            for key in [k for k, v in hooks.items() if getattr(v, "__self__", None) is self]:
+                for other in dicts:  # always_called holds the same key
+                    if other is not None:
+                        other.pop(key, None)
         # the counter keeps its SavedActivations; the two pointing at each other would keep
         # the model alive until the cyclic collector ran
         self._saved = None

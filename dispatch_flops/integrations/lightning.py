@@ -55,8 +55,23 @@ class FlopsCallback(Callback):
         return self.meter.profile
 
     def on_train_start(self, trainer, pl_module):
+        self.meter.abandon()  # a step an earlier fit left open
         self.meter = self._meter(pl_module)
         self._step_at, self._last = None, {}
+
+    # validation Lightning runs inside an optimizer step (``val_check_interval`` counts
+    # batches: it can land between two micro-batches) is not the step's work nor its time
+    def on_validation_start(self, trainer, pl_module):
+        if trainer.training or self._step_at is not None:
+            self.meter.pause()
+
+    def on_validation_end(self, trainer, pl_module):
+        self.meter.resume()
+
+    def on_exception(self, trainer, pl_module, exception):
+        # a step that raised (or an interrupt): its counter and hooks go now, not never
+        self.meter.abandon()
+        self._step_at = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._step_at is None:

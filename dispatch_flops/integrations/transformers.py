@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from functools import partial
+from types import FrameType
 from typing import Optional
 
 try:
@@ -58,8 +59,31 @@ class FlopsCallback(TrainerCallback):
             handler.callbacks.remove(self)
             handler.callbacks.insert(0, self)
 
+    def on_init_end(self, args, state, control, **kwargs):
+        self._guard(_trainer_calling())
+
+    def _guard(self, trainer) -> None:
+        """Have ``trainer`` drop the running step when training raises (transformers calls
+        no callback then): its training loop, as the trainer looks it up, wrapped once."""
+        if trainer is None or getattr(trainer, "_inner_training_loop", None) is None or \
+                getattr(trainer._inner_training_loop, _GUARDED, None) is self:
+            return
+        loop = trainer._inner_training_loop
+
+        def guarded(*args, **kwargs):
+            try:
+                return loop(*args, **kwargs)
+            except BaseException:
+                self.meter.abandon()
+                raise
+
+        setattr(guarded, _GUARDED, self)
+        trainer._inner_training_loop = guarded
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._first()
+        self.meter.abandon()  # a step an earlier train() left open
+        self._guard(_trainer_calling())  # a callback added after the trainer was made
         self.meter = self._meter(model)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -82,3 +106,19 @@ class FlopsCallback(TrainerCallback):
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(metrics)
+
+
+_GUARDED = "_dispatch_flops_guarded"  # on the training loop a FlopsCallback wrapped
+
+
+def _trainer_calling():
+    """The ``Trainer`` whose method is calling the callback handler now, or None."""
+    from transformers import Trainer
+
+    frame: Optional[FrameType] = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            return owner
+        frame = frame.f_back
+    return None

@@ -22,6 +22,8 @@ with the reason in ``Calibration.left_out``.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -178,6 +180,30 @@ def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
     if not (isinstance(budget_s, (int, float)) and 0 < budget_s <= MAX_BUDGET_S):
         raise ValueError(f"calibrate: budget_s must be a number of seconds in (0, "
                          f"{MAX_BUDGET_S:g}], got {budget_s!r}")
+    # on a thread of its own: the counters open on the caller's thread (their dispatch modes
+    # are per thread) never see its kernels; the random numbers it draws come from a fork of
+    # the global generators (the CPU's and the device's), which are left as they were
+    result: dict = {}
+
+    def measure() -> None:
+        try:
+            with torch.cuda.device(resolved) if kind == "gpu" else contextlib.nullcontext():
+                result["value"] = _measure(resolved, kind, budget_s, name)
+        except BaseException as e:  # handed to the caller
+            result["error"] = e
+
+    with torch.random.fork_rng(devices=[resolved.index] if kind == "gpu" else []):
+        thread = threading.Thread(target=measure, name="dispatch_flops calibrate",
+                                  daemon=True)
+        thread.start()
+        thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _measure(resolved: torch.device, kind: str, budget_s: float, name: Optional[str]
+             ) -> tuple[str, dict[str, float], float, Optional[tuple]]:
     clock = _Clock(resolved)
     started = time.perf_counter()
     deadline = started + budget_s * 0.95  # set-up and the last repetition's overrun

@@ -107,6 +107,10 @@ class Shape:
     masked: Number
     recompute: Number
     counted_attention: str  # the counter's attention option: "dense" or "causal"
+    # the distinct query tokens (b·s) of the attention layers, in the order run: more than
+    # one when layers see different tokens (an encoder and a decoder), and ``tokens`` is
+    # then the first layer's unless given
+    token_counts: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,7 @@ def shape_of(profile: Profile, tokens: Optional[int] = None) -> Shape:
     matrices = groups.get("matrices", 0)
     experts = groups.get("experts_count", 0)
     return Shape(
+        token_counts=tuple(dict.fromkeys(stacks.values())),
         tokens=tokens, tokens_seen=tokens == seen and bool(seen), parameters=parameters,
         embedding=embedding, lm_head=head, tied=tied, matrices=matrices,
         other=parameters - embedding - matrices - (0 if tied else head), inactive=inactive,

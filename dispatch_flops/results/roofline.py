@@ -11,6 +11,7 @@ Efficiency = attainable / measured time: 1.0 means it ran at its roof.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Union
@@ -97,15 +98,18 @@ class DeviceSpec:
         if self.source not in SOURCES:
             raise ValueError(f"{self.name}: source must be one of {SOURCES}, got "
                              f"{self.source!r}")
-        if not peaks or any(v <= 0 for v in peaks.values()):
+        if not peaks or any(not (math.isfinite(v) and v > 0) for v in peaks.values()):
             raise ValueError(f"{self.name}: peak_flops_by_dtype needs positive flop/s values, "
                              f"e.g. {{'float32': 20e12}}; got {dict(self.peak_flops_by_dtype)}")
-        if self.memory_bandwidth <= 0:
+        if isinstance(self.memory_bandwidth, bool) or \
+                not isinstance(self.memory_bandwidth, (int, float)) or \
+                not (math.isfinite(self.memory_bandwidth) and self.memory_bandwidth > 0):
             raise ValueError(f"{self.name}: memory_bandwidth must be positive bytes/s, "
                              f"e.g. 2e12; got {self.memory_bandwidth!r}")
         for link in ("interconnect_bandwidth", "network_bandwidth"):
             value = getattr(self, link)
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            if value is not None and not (isinstance(value, (int, float)) and
+                                          math.isfinite(value) and value > 0):
                 raise ValueError(f"{self.name}: {link} must be positive bytes/s (one "
                                  f"direction), e.g. 450e9, or None; got {value!r}")
         object.__setattr__(self, "peak_flops_by_dtype", peaks)
@@ -431,20 +435,43 @@ def match_device(name: str, total_memory: Optional[int] = None,
     return None, f"no built-in DeviceSpec matches {name!r}"
 
 
-def device_spec(name: Optional[str] = None, total_memory: Optional[int] = None,
+def device_spec(name: Union[str, int, torch.device, None] = None,
+                total_memory: Optional[int] = None,
                 multi_processor_count: Optional[int] = None) -> Optional[DeviceSpec]:
     """The built-in spec for a device name (``torch.cuda.get_device_name()``, ROCm's
     "AMD Instinct MI300X" too, or a key of ``DEVICES``), or ``None`` when none matches:
     pass your own (``DeviceSpec(...)``) or measure one (``DeviceSpec.calibrate()``) then,
     never another device's figures. With ``name`` None: the current CUDA / ROCm device, its
     memory and compute units read from its properties (they tell an A100 40GB from an
-    80GB where the name does not). ``total_memory`` in bytes."""
-    if name is None:
+    80GB where the name does not); a CUDA device index or ``torch.device``: that device
+    (a CPU's: ``None``). ``total_memory`` in bytes."""
+    index = None
+    if isinstance(name, torch.device) and name.type != "cuda":
+        return None  # no built-in spec for a CPU (or another device type)
+    if isinstance(name, torch.device) or (isinstance(name, int) and
+                                          not isinstance(name, bool)):
+        index = name.index if isinstance(name, torch.device) else name
+        if not torch.cuda.is_available() or \
+                not (index is None or 0 <= index < torch.cuda.device_count()):
+            raise ValueError(f"device_spec({name!r}): no such CUDA device here "
+                             f"({torch.cuda.device_count()} visible); pass a device name "
+                             f"(a key of DEVICES, or torch.cuda.get_device_name()), a CUDA "
+                             f"device index, or None for the current one")
+        if index is None:
+            name = None
+    elif name is not None and not isinstance(name, str):
+        raise ValueError(f"device_spec: name must be a device name (a key of DEVICES, or "
+                         f"torch.cuda.get_device_name()), a CUDA device index, a "
+                         f"torch.device or None; got {name!r}")
+    if name is None or index is not None:
         if not torch.cuda.is_available():
             return None
-        name = torch.cuda.get_device_name()
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if index is None:
+            index = torch.cuda.current_device()
+        name = torch.cuda.get_device_name(index)
+        props = torch.cuda.get_device_properties(index)
         total_memory = getattr(props, "total_memory", None)
         multi_processor_count = getattr(props, "multi_processor_count", None)
+    assert isinstance(name, str)  # an index or a device was read as its name above
     key, _ = match_device(name, total_memory, multi_processor_count)
     return DEVICES[key] if key else None

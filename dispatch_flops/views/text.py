@@ -94,8 +94,10 @@ def experts_table(profile: Profile, width: Optional[int] = None) -> str:
     lines.append("-" * len(lines[0]))
     for layer, s in stats.items():
         imbalance = f"{s.imbalance:.2f}" if s.imbalance is not None else "-"
+        # a layer listing no expert (a file can say so): no min or max to show
+        low, high = (min(s.tokens), max(s.tokens)) if s.tokens else ("-", "-")
         lines.append(f"{layer:<{width}}  {s.experts:>7}  {s.calls:>5}  {human(s.total):>6}  "
-                     f"{min(s.tokens):>5}  {s.mean:>7.1f}  {max(s.tokens):>6}  {imbalance:>8}  "
+                     f"{low:>5}  {s.mean:>7.1f}  {high:>6}  {imbalance:>8}  "
                      f"{s.idle:>4}  {s.padding:>7.1%}")
     return "\n".join(lines)
 
@@ -112,6 +114,10 @@ def conventions_table(c: conventions.Conventions, width: Optional[int] = None) -
     s = c.shape
     kind = "training (forward + backward)" if s.passes == 3 else "forward only"
     where = "the attention calls' b·s" if s.tokens_seen else "given"
+    if s.tokens_seen and len(s.token_counts) > 1:  # an encoder and a decoder, say
+        where = (f"the first attention layer's b·s; the layers saw "
+                 f"{' and '.join(map(_grouped, s.token_counts))} tokens (an encoder and a "
+                 f"decoder?): per-token figures are per the first's, pass tokens= to choose")
     head = "tied to the embedding" if s.tied else "untied"
     lines = [f"MFU conventions: {c.model}, {kind}, per token ({_grouped(s.tokens)} tokens: "
              f"{where})"]
@@ -123,8 +129,11 @@ def conventions_table(c: conventions.Conventions, width: Optional[int] = None) -
     shown = [f"{k} {_grouped(v) if v is not None else 'varies'}" for k, v in
              (("L", s.layers), ("H", s.heads), ("Q", s.head_dim), ("T", s.keys))]
     causal = {True: "causal", False: "not causal", None: "causal or not: unseen"}[s.causal]
-    lines.append(f"attention: {', '.join(shown)} ({causal}; counted: {s.counted_attention}"
-                 f"); L·H·Q·T per token {scientific(s.attention)}")
+    if s.layers:
+        lines.append(f"attention: {', '.join(shown)} ({causal}; counted: "
+                     f"{s.counted_attention}); L·H·Q·T per token {scientific(s.attention)}")
+    else:
+        lines.append("attention: none counted (L·H·Q·T 0)")
     if c.peak_flops:
         lines.append(f"MFU = flops/token x {_grouped(c.tokens_per_s or 0)} tokens/s / "
                      f"{c.peak_flops / 1e12:,.1f} TFLOP/s ({c.device}, {c.dtype} dense peak)")

@@ -28,6 +28,8 @@ the whole story.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
 import time
 import warnings
@@ -69,18 +71,46 @@ def step_hardware_flops(profile: Profile) -> int:
 
 def input_signature(value: Any) -> Any:
     """A hashable summary of a batch (or a model call's arguments) that decides whether two
-    steps do the same work: every tensor's shape and dtype, the structure around them, flags
-    (bools, strings, None) by value; numbers and other objects by type (an int argument such
-    as transformers' ``num_items_in_batch`` changes from step to step, not the work done)."""
+    steps do the same work: every tensor's shape and dtype, the structure around them
+    (mappings, lists, tuples and named tuples, dataclasses by their fields), flags (bools, a
+    string, None) by value, a list of strings by its length (texts differ every step, their
+    count is the batch); numbers by type (an int argument such as transformers'
+    ``num_items_in_batch`` changes from step to step, not the work done); any other object is
+    ``OPAQUE`` with its type: the meter cannot tell its steps apart (and says so)."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), str(value.dtype))
     if isinstance(value, Mapping):
         return ("map",) + tuple((str(k), input_signature(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, str) for v in value):
+            return ("strings", len(value))
         return (type(value).__name__,) + tuple(input_signature(v) for v in value)
     if value is None or isinstance(value, (bool, str)):
         return value
-    return type(value).__name__
+    if isinstance(value, (int, float, complex)):
+        return type(value).__name__
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and hasattr(value, "dtype"):  # a NumPy array and the like
+        return ("array", shape, str(value.dtype))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__,) + tuple(
+            (f.name, input_signature(getattr(value, f.name))) for f in dataclasses.fields(value))
+    return (OPAQUE, type(value).__name__)
+
+
+OPAQUE = "opaque"  # in a signature: an object whose shapes the meter cannot see
+
+
+def _opaque(signature: Any) -> Optional[str]:
+    """The type name of the first object a signature could not see into, or None."""
+    if isinstance(signature, tuple):
+        if len(signature) == 2 and signature[0] == OPAQUE:
+            return signature[1]
+        for part in signature:
+            found = _opaque(part)
+            if found is not None:
+                return found
+    return None
 
 
 def batch_tokens(value: Any) -> int:
@@ -93,6 +123,9 @@ def batch_tokens(value: Any) -> int:
         return batch_tokens(ids) if ids is not None else _first_tokens(value.values())
     if isinstance(value, (list, tuple)):
         return _first_tokens(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return batch_tokens(fields)
     return 0
 
 
@@ -264,7 +297,7 @@ class ThroughputMeter:
     @property
     def counting(self) -> bool:
         """Whether the running step is a counted one."""
-        return self._open is not None and self._open["counter"] is not None
+        return self._open is not None and self._open["counted"] and not self._open["untouched"]
 
     def should_count(self, batch: Any = None) -> bool:
         """Whether the next step would be counted (given its (first) batch, when known)."""
@@ -292,13 +325,21 @@ class ThroughputMeter:
         ``with`` cannot wrap (callbacks)."""
         if self._open is not None:
             raise RuntimeError("ThroughputMeter.begin: a step is running; end() it first")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                                   or tokens < 0):
+            if not (isinstance(tokens, float) and math.isfinite(tokens) and tokens >= 0 and
+                    tokens == int(tokens)):
+                raise ValueError(f"tokens must be a non-negative whole number (the step's "
+                                 f"tokens), got {tokens!r}")
+            tokens = int(tokens)
         index = self._index
         untouched = index < self.warmup
         counted = not untouched and self.should_count(batch)
         self._index += 1
         step: dict = {"index": index, "untouched": untouched, "counter": None, "hook": None,
                       "parts": [], "tokens": 0, "given_tokens": tokens, "start": None,
-                      "cuda": None}
+                      "cuda": None, "counted": counted, "profiles": [], "segments": [],
+                      "paused": False}
         self._open = step
         if untouched:
             return False
@@ -316,17 +357,63 @@ class ThroughputMeter:
             step["start"] = self._read_clock(step["cuda"])
         return counted
 
+    def pause(self) -> None:
+        """Work that is not the step's begins inside it (a validation loop the trainer
+        runs between two micro-batches): it is in neither the step's flops nor its time, until
+        ``resume``. No step running, or paused already: nothing to do."""
+        step = self._open
+        if step is None or step["untouched"] or step["paused"]:
+            return
+        step["paused"] = True
+        if step["hook"] is not None:  # the work's model calls are not the step's inputs
+            step["hook"].remove()
+            step["hook"] = True
+        counter = step["counter"]
+        if counter is not None:
+            step["counter"] = None
+            counter.__exit__(None, None, None)
+            step["profiles"].append(counter.to_profile())
+        elif step["start"] is not None:
+            step["segments"].append((step["start"], self._read_clock(step["cuda"])))
+            step["start"] = None
+
+    def resume(self) -> None:
+        """The step goes on after ``pause``."""
+        step = self._open
+        if step is None or not step["paused"]:
+            return
+        step["paused"] = False
+        if step["hook"] is True and self.model is not None:
+            step["hook"] = self.model.register_forward_pre_hook(self._note_call,
+                                                                with_kwargs=True)
+        if step["counted"]:
+            step["counter"] = FlopCounter(self.model)
+            step["counter"].__enter__()
+        else:
+            step["start"] = self._read_clock(step["cuda"])
+
     def note(self, batch: Any) -> None:
         """Add a (micro-)batch to the running step: its signature and tokens."""
         step = self._open
         if step is not None and not step["untouched"]:
-            step["parts"].append(input_signature(batch))
+            signature = input_signature(batch)
+            step["parts"].append(signature)
             step["tokens"] += batch_tokens(batch)
+            self._check_seen(signature)
+
+    def _check_seen(self, signature: Any) -> None:
+        opaque = _opaque(signature)
+        if opaque is not None:
+            self._warn("opaque", f"a batch holds a {opaque}, whose tensors the meter cannot "
+                       "see: steps of different shapes look alike and are priced as one; "
+                       "pass the step a mapping, tuple or dataclass of tensors (or tokens=)")
 
     def _note_call(self, module, args, kwargs) -> None:
         step = self._open
         if step is not None:
-            step["parts"].append(input_signature((args, kwargs)))
+            signature = input_signature((args, kwargs))
+            step["parts"].append(signature)
+            self._check_seen(signature)
             ids = kwargs.get("input_ids", args[0] if args else None)
             step["tokens"] += batch_tokens(ids) if isinstance(ids, torch.Tensor) else 0
 
@@ -338,15 +425,23 @@ class ThroughputMeter:
         if step is None or step["untouched"]:
             return None
         stop = self._read_clock(step["cuda"]) if step["start"] is not None else None
-        if step["hook"] is not None:
+        if step["hook"] is not None and step["hook"] is not True:
             step["hook"].remove()
         signature = tuple(step["parts"])
         tokens = step["given_tokens"] if step["given_tokens"] is not None else step["tokens"]
         counter = step["counter"]
         if counter is not None:
             counter.__exit__(None, None, None)
-            self._priced(signature, counter.to_profile())
+            step["profiles"].append(counter.to_profile())
+        if step["counted"]:
+            self._priced(signature, *step["profiles"])
             return None
+        if stop is not None:
+            step["segments"].append((step["start"], stop))
+        segments = step["segments"]
+        if not segments:
+            return None
+        stop = segments[-1][1]
         price = self._prices.get(signature)
         if price is None:
             self._recount = True
@@ -354,7 +449,7 @@ class ThroughputMeter:
             self._since.unpriced += 1
             return None
         self._prices.move_to_end(signature)
-        pending = (step["index"], step["start"], stop, tokens, price)
+        pending = (step["index"], segments, stop, tokens, price)
         if isinstance(stop, float):
             return self._add(pending)
         self._pending.append(pending)
@@ -367,7 +462,7 @@ class ThroughputMeter:
         step, self._open = self._open, None
         if step is None:
             return
-        if step["hook"] is not None:
+        if step["hook"] is not None and step["hook"] is not True:
             step["hook"].remove()
         if step["counter"] is not None:
             try:
@@ -376,9 +471,12 @@ class ThroughputMeter:
                 pass
 
     # -- what was counted ------------------------------------------------------------------
-    def _priced(self, signature: Any, profile: Profile) -> None:
-        self.profile = profile
-        self._prices[signature] = _Price(step_model_flops(profile), step_hardware_flops(profile))
+    def _priced(self, signature: Any, profile: Profile, *more: Profile) -> None:
+        """A counted step: ``profile`` (and ``more``, its parts after each ``pause``)."""
+        parts = (profile,) + more
+        self.profile = profile if not more else Profile.merge(parts)
+        self._prices[signature] = _Price(sum(map(step_model_flops, parts)),
+                                         sum(map(step_hardware_flops, parts)))
         self._prices.move_to_end(signature)
         while len(self._prices) > _PRICES_KEPT:
             self._prices.popitem(last=False)
@@ -466,8 +564,9 @@ class ThroughputMeter:
             self._add(self._pending.popleft())
 
     def _add(self, pending: tuple) -> StepTiming:
-        index, start, stop, tokens, price = pending
-        seconds = stop - start if isinstance(stop, float) else start.elapsed_time(stop) / 1e3
+        index, segments, _, tokens, price = pending
+        seconds = sum(stop - start if isinstance(stop, float) else
+                      start.elapsed_time(stop) / 1e3 for start, stop in segments)
         step = StepTiming(index, seconds, tokens, price.model_flops, price.hardware_flops,
                           self.peak_flop_s)
         self.history.append(step)
