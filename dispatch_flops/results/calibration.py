@@ -203,7 +203,7 @@ def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
 
 
 def _measure(resolved: torch.device, kind: str, budget_s: float, name: Optional[str]
-             ) -> tuple[str, dict[str, float], float, Optional[tuple]]:
+             ) -> tuple[str, dict[str, float], float, Optional[tuple], Calibration]:
     clock = _Clock(resolved)
     started = time.perf_counter()
     deadline = started + budget_s * 0.95  # set-up and the last repetition's overrun
