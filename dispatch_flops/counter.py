@@ -22,6 +22,7 @@ from dispatch_flops.engine import compiled as _compiled
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
+from dispatch_flops.engine.kineto import KERNELS, KernelTimer
 from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
@@ -82,7 +83,7 @@ class FlopCounter(ProfileViews):
         attention: str = "dense",
         registry: Optional[Registry] = None,
         trace: bool = False,
-        timing: bool = False,
+        timing: Union[bool, str] = False,
         saved_activations: bool = False,
     ):
         if model is not None and not isinstance(model, nn.Module):
@@ -97,8 +98,10 @@ class FlopCounter(ProfileViews):
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError(f"registry must be a dispatch_flops.formulas.Registry or None, got "
                             f"{type(registry).__name__}")
-        for flag, value in (("timing", timing), ("saved_activations", saved_activations),
-                            ("trace", trace)):
+        if isinstance(timing, str) and timing != KERNELS:  # TypeError, as for any non-bool
+            raise TypeError(f"timing must be True, False or {KERNELS!r}, got {timing!r}")
+        for flag, value in (("timing", timing == KERNELS or timing),
+                            ("saved_activations", saved_activations), ("trace", trace)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
         # torch.compile(model): count the user's module, under its own names (its graphs
@@ -108,7 +111,8 @@ class FlopCounter(ProfileViews):
         self.attention = attention
         self.registry = registry if registry is not None else REGISTRY
         self.trace = trace  # a timeline: every op's and module call's start and end
-        self.timing = timing or trace
+        self.timing = bool(timing) or trace
+        self._kernels = timing == KERNELS  # CUDA ops timed by their kernels (engine.kineto)
         self.saved_activations = saved_activations
         self.root_label = type(model).__name__ if model is not None else GLOBAL
         self._mode: Optional[CountingMode] = None
@@ -133,7 +137,8 @@ class FlopCounter(ProfileViews):
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
         self._allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-        timer = new_timer(self.trace, self._cuda_devices()) if self.timing else None
+        timer = new_timer(self.trace, self._cuda_devices(), kernels=self._kernels) \
+            if self.timing else None
         runner: Union[Timer, MetaRunner, Relayed, None] = \
             timer if timer is not None else MetaRunner() if self._on_meta() else None
         relay = _relay_below(timer) if timer is not None else None
@@ -302,6 +307,8 @@ class FlopCounter(ProfileViews):
         tracker, mode = self._tracker, self._mode
         assert tracker is not None and mode is not None  # entered: see to_profile
         rows = counts.rows(self.attention == "causal")  # the deprecated option, applied here
+        if isinstance(self._timer, KernelTimer) and not self._active:  # kernels no op launched
+            rows += self._timer.outside_rows(tracker.ledger.frames, tracker.ledger.root.stack)
         trace = None
         if is_tracing(self._timer) and not self._active:
             trace = trace_events(self._timer, tracker.ledger, mode.resolved, self.root_label)
