@@ -137,8 +137,8 @@ class FlopCounter(ProfileViews):
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
         self._allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-        timer = new_timer(self.trace, self._cuda_devices(), kernels=self._kernels) \
-            if self.timing else None
+        timer = new_timer(self.trace, self._cuda_devices(), kernels=self._kernels,
+                          model=self.model) if self.timing else None
         runner: Union[Timer, MetaRunner, Relayed, None] = \
             timer if timer is not None else MetaRunner() if self._on_meta() else None
         relay = _relay_below(timer) if timer is not None else None

@@ -121,3 +121,27 @@ def test_timing_must_be_a_known_value():
         FlopCounter(timing="cupti")
     with pytest.raises(TypeError, match="timing must be True or False"):
         FlopCounter(timing=1)
+
+
+def test_kernels_recorded_on_one_block_in_k_and_reused_on_the_others(gpu, monkeypatch):
+    """With a model, Kineto records one block in SAMPLE_EVERY; the blocks between reuse each
+    signature's kernel time per call; a new signature makes the next block sampled."""
+    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 3)
+    model, x = model_and_input()
+    times, estimated = [], []
+    for _ in range(4):
+        model.zero_grad(set_to_none=True)  # else step 1 accumulates grads: new signatures
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x).sum().backward()
+        times.append({op: s.latency_s for op, s in fc.by_operator().items()
+                      if not op.startswith("kernel:")})
+        estimated.append(fc.timer.estimated)
+    assert estimated == [False, True, True, False] and len(gpu) == 2
+    for step in (1, 2):
+        assert times[step] == pytest.approx(times[0]), step
+    with FlopCounter(model, timing="kernels") as fc:  # a new shape: signatures never measured
+        model(torch.randn(6, 8))
+    assert fc.timer.estimated and fc.by_operator()["aten.addmm"].latency_s == 0
+    with FlopCounter(model, timing="kernels") as fc:
+        model(torch.randn(6, 8))
+    assert not fc.timer.estimated  # measured at once

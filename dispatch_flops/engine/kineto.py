@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 from time import perf_counter_ns
 from typing import Callable, Optional
+from weakref import WeakKeyDictionary
 
 import torch
 
@@ -31,9 +32,11 @@ from dispatch_flops.engine.kernels import (
     MARK_PREFIX,
     OP_PREFIX,
     KernelJoin,
+    Sampler,
     from_kineto,
     join,
 )
+from dispatch_flops.engine.records import CALLS, SIGNATURE
 from dispatch_flops.engine.timing import CudaTimer, Timer
 from dispatch_flops.results.rows import KERNEL_ROW_PREFIX, ROW, RowKey
 from dispatch_flops.results.stats import UNSUPPORTED, Phase
@@ -80,10 +83,13 @@ class KernelTimer(Timer):
     """Each op's time is the sum of the kernels it launched (see the module's docstring)."""
 
     cuda = True  # times land when results are read
+    estimated = False  # EstimatingTimer's: op times reused from a sampled block
 
-    def __init__(self, session=None) -> None:
+    def __init__(self, session=None, sampler: Optional[Sampler] = None) -> None:
         super().__init__()
         self.session = session if session is not None else KinetoSession()
+        self.sampler = sampler  # learns each signature's kernel time from this block
+        self._records: dict = {}  # id -> (counts, index): every record counted into
         self._targets: list = []  # token -> [(counts, index)] the op's time goes to
         self._spans: list = []  # (counts, index, start point, end point) per module call
         self._marks = 0
@@ -104,6 +110,7 @@ class KernelTimer(Timer):
 
     def add(self, counts: list, index: int, token) -> None:
         counts[0] += 1  # CALLS (see _records)
+        self._records[id(counts)] = (counts, index)
         if token is None:
             return
         targets = self._targets[token]
@@ -151,6 +158,8 @@ class KernelTimer(Timer):
                 call = found.calls.get(i)
                 counts[index] += call.span_ns if call is not None else 0
         self.found = found
+        if self.sampler is not None:
+            self.sampler.learn(_by_signature(self._records.values(), with_ns=True))
 
     def outside_rows(self, frames, root: tuple) -> tuple:
         """Profile rows for the kernels no op launched: one per (module stack, phase, kernel
@@ -187,6 +196,52 @@ class ModuleEventTimer(CudaTimer):
         return (func(*args, **kwargs) if kwargs else func(*args)), None
 
 
+class EstimatingTimer(ModuleEventTimer):
+    """A block between sampled ones: no Kineto, no range per op; each op gets its signature's
+    kernel time per call from the last block that measured it (``Sampler``), module calls and
+    the block their CUDA events. A signature never measured gets no time, and the next block
+    is sampled."""
+
+    def __init__(self, devices, sampler: Sampler) -> None:
+        super().__init__(devices)
+        self.sampler = sampler
+        self._records: dict = {}
+        self._landed = False
+
+    estimated = True
+
+    def add(self, counts: list, index: int, token) -> None:
+        super().add(counts, index, token)
+        self._records[id(counts)] = (counts, index)
+
+    def resolve(self) -> None:
+        super().resolve()
+        if self._landed:
+            return
+        self._landed = True
+        records = list(self._records.values())
+        self.sampler.estimate(_by_signature(records, with_ns=False))
+        per_call = self.sampler.per_call
+        for counts, index in records:
+            signature = counts[SIGNATURE]
+            if signature is not None and signature in per_call:
+                counts[index] += round(per_call[signature] * counts[CALLS])
+        self.sampler.step_done()
+
+
+def _by_signature(records, with_ns: bool) -> dict:
+    """``{signature: (calls, ns)}`` (``with_ns``) or ``{signature: calls}`` over op records
+    (views, with no signature, left out)."""
+    found: dict = {}
+    for counts, index in records:
+        signature = counts[SIGNATURE]
+        if signature is None:
+            continue
+        calls, ns = found.get(signature, (0, 0))
+        found[signature] = (calls + counts[CALLS], ns + counts[index])
+    return found if with_ns else {s: calls for s, (calls, _) in found.items()}
+
+
 def unavailable() -> Optional[str]:
     """Why Kineto cannot record kernels here, or None when it can."""
     from torch.autograd import kineto_available
@@ -206,12 +261,24 @@ _warned: set = set()
 SESSION: Callable[[], object] = KinetoSession  # what records a block (the tests' CPU stand-in)
 
 
-def kernel_timer(devices=()) -> Timer:
-    """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer``, else (saying why, once per
-    reason) ``ModuleEventTimer``."""
+SAMPLE_EVERY = 10  # with a model: kernels recorded on one block in this many (Sampler)
+_samplers: WeakKeyDictionary = WeakKeyDictionary()  # model -> its Sampler
+
+
+def kernel_timer(devices=(), model=None) -> Timer:
+    """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer`` on a sampled block (every
+    block without a model), ``EstimatingTimer`` on the others; where Kineto cannot record
+    (saying why, once per reason) ``ModuleEventTimer``."""
     reason = unavailable()
     if reason is None:
-        return KernelTimer(SESSION())
+        if model is None:
+            return KernelTimer(SESSION())
+        sampler = _samplers.get(model)
+        if sampler is None:
+            sampler = _samplers[model] = Sampler(SAMPLE_EVERY)
+        if sampler.due():
+            return KernelTimer(SESSION(), sampler)
+        return EstimatingTimer(devices, sampler)
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"dispatch_flops: kernel timing unavailable: {reason}; timing module "

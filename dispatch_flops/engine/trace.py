@@ -102,11 +102,12 @@ class CudaTracingTimer(_Tracing, CudaTimer):
 
 
 def new_timer(trace: bool, devices=(), limit: Optional[int] = None,
-              kernels: bool = False) -> Timer:
+              kernels: bool = False, model=None) -> Timer:
     """The timer for a counter (``_timing.new_timer``), keeping a timeline when ``trace``;
-    ``kernels``: ops timed by their kernels on CUDA (``engine.kineto``; a trace keeps events)."""
+    ``kernels``: ops timed by their kernels on CUDA (``engine.kineto``, sampled per ``model``;
+    a trace keeps events)."""
     if kernels and not trace and torch.cuda.is_available():
-        return kernel_timer(devices)
+        return kernel_timer(devices, model)
     if not trace:
         return timing_new_timer(devices)
     return CudaTracingTimer(devices, limit) if torch.cuda.is_available() else \
