@@ -145,3 +145,18 @@ def test_kernels_recorded_on_one_block_in_k_and_reused_on_the_others(gpu, monkey
     with FlopCounter(model, timing="kernels") as fc:
         model(torch.randn(6, 8))
     assert not fc.timer.estimated  # measured at once
+
+
+def test_unavailable_names_why(monkeypatch):
+    """Each reason kernel timing falls back, named: a private API this torch lacks, another
+    profiler recording; none on this CPU torch (Kineto built in, CUPTI not: CPU build)."""
+    real = _kineto.lookup
+    monkeypatch.setattr(_kineto, "lookup", lambda name: None
+                        if name.endswith("_enable_profiler") else real(name))
+    assert "lacks torch.autograd.profiler._enable_profiler" in _kineto.unavailable()
+    monkeypatch.setattr(_kineto, "lookup", real)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]):
+        reason = _kineto.unavailable()
+    assert reason is not None and ("another profiler" in reason or "CUPTI" in reason)

@@ -38,12 +38,19 @@ from dispatch_flops.engine.kernels import (
 )
 from dispatch_flops.engine.records import CALLS, SIGNATURE
 from dispatch_flops.engine.timing import CudaTimer, Timer
+from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.results.rows import KERNEL_ROW_PREFIX, ROW, RowKey
 from dispatch_flops.results.stats import UNSUPPORTED, Phase
 
+_RecordFunctionFast = lookup("torch._C._profiler._RecordFunctionFast")
+# Kineto without torch.profiler's post-processing (a profile object only holds the config)
+_KINETO_APIS = ("torch.autograd.profiler._prepare_profiler",
+                "torch.autograd.profiler._enable_profiler",
+                "torch.autograd.profiler._disable_profiler", "torch.autograd._profiler_enabled")
+
 
 def _fast_range(name: str):
-    return torch._C._profiler._RecordFunctionFast(name)
+    return _RecordFunctionFast(name)
 
 
 class KinetoSession:
@@ -58,18 +65,14 @@ class KinetoSession:
         self.cuda = cuda
 
     def start(self) -> None:
-        from torch.autograd.profiler import _enable_profiler, _prepare_profiler
-
         p = self._profile
-        _prepare_profiler(p.config(), p.kineto_activities)
-        _enable_profiler(p.config(), p.kineto_activities)
+        lookup("torch.autograd.profiler._prepare_profiler")(p.config(), p.kineto_activities)
+        lookup("torch.autograd.profiler._enable_profiler")(p.config(), p.kineto_activities)
 
     def stop(self) -> tuple:
-        from torch.autograd.profiler import _disable_profiler
-
         if self.cuda:
             torch.cuda.synchronize()  # every kernel of the block done before CUPTI flushes
-        return from_kineto(_disable_profiler().events())
+        return from_kineto(lookup("torch.autograd.profiler._disable_profiler")().events())
 
 
 class _Point:
@@ -247,11 +250,15 @@ def unavailable() -> Optional[str]:
     from torch.autograd import kineto_available
     from torch.profiler import ProfilerActivity, supported_activities
 
+    missing = [name for name in ("torch._C._profiler._RecordFunctionFast", *_KINETO_APIS)
+               if lookup(name) is None]
+    if missing:
+        return f"this torch lacks {', '.join(missing)}"
     if not kineto_available():
         return "this torch was built without Kineto"
     if ProfilerActivity.CUDA not in supported_activities():
         return "this torch's Kineto has no CUPTI (CUDA activities)"
-    if torch.autograd._profiler_enabled():
+    if lookup("torch.autograd._profiler_enabled")():
         return "another profiler is recording (CUPTI takes one subscriber)"
     return None
 
