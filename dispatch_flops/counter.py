@@ -144,6 +144,10 @@ class FlopCounter(ProfileViews):
         relay = _relay_below(timer) if timer is not None else None
         if relay is not None and timer is not None:  # nested: time by the bottom mode's clock
             runner = Relayed(timer)
+            if isinstance(_bottom_clock(), KernelTimer) != isinstance(timer, KernelTimer):
+                # the clock below hands out tokens of the other kind: count, untimed
+                warnings.warn(_MIXED_CLOCKS, stacklevel=2)
+                runner = Relayed(_CallsOnly())
         # a block a generator or coroutine owns is counted only while it runs (see
         # GuardedCountingMode); a context manager's body's block is its caller's (block_frame)
         guard = block_frame(_user_frame())
@@ -433,6 +437,27 @@ def _relay_below(timer: Timer):
 
 
 _ALREADY = object()  # a relay below already serves this counter: nothing to undo
+_MIXED_CLOCKS = (
+    'dispatch_flops: a timed counter nested in another takes its op times from the clock '
+    'below, and timing="kernels" and timing=True cannot share one: this counter\'s ops are '
+    "counted untimed")
+
+
+def _bottom_clock():
+    """The clock timing ops for the modes above the bottom counting mode (its Relay's)."""
+    below = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, CountingMode)]
+    runner = below[0].runner if below else None
+    return runner.clock if isinstance(runner, Relay) else runner
+
+
+class _CallsOnly(Timer):
+    """Counts calls, adds no time (a nested counter whose clock below it cannot read)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def add(self, counts: list, index: int, token) -> None:
+        counts[0] += 1
 
 
 def _unrelay(relay) -> None:

@@ -160,3 +160,18 @@ def test_unavailable_names_why(monkeypatch):
     with profile(activities=[ProfilerActivity.CPU]):
         reason = _kineto.unavailable()
     assert reason is not None and ("another profiler" in reason or "CUPTI" in reason)
+
+
+def test_nested_counters_mixing_clocks_count_untimed_and_say_so(gpu, monkeypatch):
+    """A kernel-timed counter nested in another (or one with event timing inside it): ops are
+    timed by the clock below, which hands out tokens of another kind; the counter above
+    counts them untimed, with a warning, and raises nothing."""
+    monkeypatch.setattr(_kineto, "unavailable", lambda: None)
+    model, x = model_and_input()
+    with pytest.warns(UserWarning, match="cannot share one"):
+        with FlopCounter(timing="kernels") as outer:
+            with FlopCounter(timing=True) as inner:
+                model(x)
+    assert inner.by_operator()["aten.addmm"].calls == 2
+    assert inner.by_operator()["aten.addmm"].latency_s == 0
+    assert outer.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
