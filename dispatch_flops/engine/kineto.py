@@ -69,9 +69,12 @@ class KinetoSession:
         lookup("torch.autograd.profiler._prepare_profiler")(p.config(), p.kineto_activities)
         lookup("torch.autograd.profiler._enable_profiler")(p.config(), p.kineto_activities)
 
-    def stop(self) -> tuple:
+    def synchronize(self) -> None:
         if self.cuda:
-            torch.cuda.synchronize()  # every kernel of the block done before CUPTI flushes
+            torch.cuda.synchronize()
+
+    def stop(self) -> tuple:
+        self.synchronize()  # every kernel of the block done before CUPTI flushes
         return from_kineto(lookup("torch.autograd.profiler._disable_profiler")().events())
 
 
@@ -129,9 +132,12 @@ class KernelTimer(Timer):
             fast = _fast_range(f"{MARK_PREFIX}{point.id}")
             fast.__enter__()
             fast.__exit__(None, None, None)
-            if block_end:
+            if block_end:  # the wall ends when the kernels do, before Kineto's own stop
+                synchronize = getattr(self.session, "synchronize", None)
+                if synchronize is not None:
+                    synchronize()
+                point.ns = perf_counter_ns()
                 self._stop()
-                point.ns = perf_counter_ns()  # the wall includes the kernels' completion
         return point
 
     def span(self, counts: list, index: int, start, end) -> None:
