@@ -14,12 +14,15 @@ prints each check with its figures:
 4. events held after many steps with one counter open (pooled and pending: bounded);
 5. the same training step on ``cuda:1`` when there are two GPUs, without ``set_device``;
 6. a Chrome trace of one step written and read back;
-7. a large bf16 matmul's achieved FLOPS against the device's built-in peak.
+7. a large bf16 matmul's achieved FLOPS against the device's built-in peak;
+8. with ``--kernels``: ``timing="kernels"`` on the same step against torch.profiler (attributed
+   share >= 99 %, top ops within 1 % of ``self_device_time_total``, a timed step amortised
+   over ``SAMPLE_EVERY`` steps <= 1.10x eager, a recorded step alone printed).
 
 Exit status: 0 when every check passes, 1 when one fails, 3 when there is no CUDA device
 (nothing was checked).
 
-    python benchmarks/gpu_timing.py [--batch 8] [--seq 512] [--repeat 10] [--steps 200]
+    python benchmarks/gpu_timing.py [--batch 8] [--seq 512] [--repeat 10] [--steps 200] [--kernels]
 """
 
 from __future__ import annotations
@@ -222,6 +225,62 @@ def matmul_vs_peak(spec, repeat: int) -> bool:
                  f"({achieved / peak:.1%}; dense peak, clocks and power limit apply)")
 
 
+def kernels_vs_profiler(model, step, repeat: int, top: int) -> bool:
+    """Check 8 (``--kernels``): ``timing="kernels"`` against torch.profiler on the same step:
+    the attributed share, each top op against its ``self_device_time_total``, and what a
+    sampled and an estimated step cost against eager."""
+    from dispatch_flops.engine import kineto
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        torch.cuda.synchronize()
+    theirs = {a.key: a.self_device_time_total / 1e6 for a in prof.key_averages()
+              if a.key.startswith("aten::")}
+    kernels_s = sum(e.time_range.elapsed_us() for e in prof.events()
+                    if e.device_type == DeviceType.CUDA) / 1e6
+    with FlopCounter(timing="kernels") as fc:  # no model: this block is recorded
+        step()
+    found = fc.timer.found
+    ok = check("kernel time attributed to ops", found.attributed_share >= 0.99,
+               f"{found.attributed_share:.2%} of {duration(found.device_ns / 1e9)}; outside "
+               f"ops {duration(found.outside_ns / 1e9)} in {len(found.outside)} rows, "
+               f"{found.dropped} dropped, {found.unlinked} unlinked, "
+               f"{found.graph_replays} graph replays")
+    ok &= check("the step's kernel time vs torch.profiler's",
+                abs(found.device_ns / 1e9 - kernels_s) <= 0.05 * kernels_s,
+                f"ours {duration(found.device_ns / 1e9)}, profiler {duration(kernels_s)}")
+    print(f"  {'op':40s} {'ours':>10s} {'self dev':>10s} {'ratio':>6s}")
+    off = []
+    for name, stats in fc.top_ops_by_time(top):
+        kernel = theirs.get(name.replace(".", "::", 1), 0.0)
+        ratio = stats.latency_s / kernel if kernel else float("nan")
+        if not abs(ratio - 1) <= 0.01:
+            off.append(name)
+        print(f"  {name:40s} {duration(stats.latency_s):>10s} {duration(kernel):>10s} "
+              f"{ratio:6.3f}")
+    ok &= check("top ops within 1 % of self_device_time_total", not off, f"off: {off}")
+    eager = event_time(step, repeat)
+    sampled = event_time(lambda: _counted(model, step, every=1), repeat)
+    steps = kineto.SAMPLE_EVERY
+    amortised = event_time(lambda: [_counted(model, step) for _ in range(steps)],
+                           max(1, repeat // steps)) / steps
+    ok &= check(f"kernel-timed step vs eager, amortised over {steps} steps",
+                amortised <= 1.10 * eager, f"{duration(amortised)} vs {duration(eager)}, "
+                f"ratio {amortised / eager:.3f}; a recorded step alone {duration(sampled)} "
+                f"({sampled / eager:.2f}x)")
+    return ok
+
+
+def _counted(model, step, every=None) -> None:
+    from dispatch_flops.engine import kineto
+
+    if every is not None:  # every block recorded: the sampled step's cost
+        kineto._samplers.pop(model, None)
+    with FlopCounter(model, timing="kernels"):
+        step()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -229,6 +288,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--steps", type=int, default=200, help="steps for the events check")
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--kernels", action="store_true",
+                        help='also check timing="kernels" against torch.profiler')
     args = parser.parse_args()
     for name in ("batch", "seq", "repeat", "steps", "top"):
         if getattr(args, name) < 1:
@@ -259,6 +320,8 @@ def main() -> int:
         step()
     print(f"model: {human(counted.total.flops, 'FLOP')} per training step")
     ok &= matmul_vs_peak(spec, args.repeat)
+    if args.kernels:
+        ok &= kernels_vs_profiler(model, step, args.repeat, args.top)
     return 0 if ok else 1
 
 

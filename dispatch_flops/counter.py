@@ -22,6 +22,7 @@ from dispatch_flops.engine import compiled as _compiled
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
+from dispatch_flops.engine.kineto import KERNELS, KernelTimer
 from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
@@ -82,7 +83,7 @@ class FlopCounter(ProfileViews):
         attention: str = "dense",
         registry: Optional[Registry] = None,
         trace: bool = False,
-        timing: bool = False,
+        timing: Union[bool, str] = False,
         saved_activations: bool = False,
     ):
         if model is not None and not isinstance(model, nn.Module):
@@ -97,8 +98,10 @@ class FlopCounter(ProfileViews):
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError(f"registry must be a dispatch_flops.formulas.Registry or None, got "
                             f"{type(registry).__name__}")
-        for flag, value in (("timing", timing), ("saved_activations", saved_activations),
-                            ("trace", trace)):
+        if isinstance(timing, str) and timing != KERNELS:  # TypeError, as for any non-bool
+            raise TypeError(f"timing must be True, False or {KERNELS!r}, got {timing!r}")
+        for flag, value in (("timing", timing == KERNELS or timing),
+                            ("saved_activations", saved_activations), ("trace", trace)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
         # torch.compile(model): count the user's module, under its own names (its graphs
@@ -108,7 +111,8 @@ class FlopCounter(ProfileViews):
         self.attention = attention
         self.registry = registry if registry is not None else REGISTRY
         self.trace = trace  # a timeline: every op's and module call's start and end
-        self.timing = timing or trace
+        self.timing = bool(timing) or trace
+        self._kernels = timing == KERNELS  # CUDA ops timed by their kernels (engine.kineto)
         self.saved_activations = saved_activations
         self.root_label = type(model).__name__ if model is not None else GLOBAL
         self._mode: Optional[CountingMode] = None
@@ -133,12 +137,17 @@ class FlopCounter(ProfileViews):
         if self._active:
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
         self._allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-        timer = new_timer(self.trace, self._cuda_devices()) if self.timing else None
+        timer = new_timer(self.trace, self._cuda_devices(), kernels=self._kernels,
+                          model=self.model) if self.timing else None
         runner: Union[Timer, MetaRunner, Relayed, None] = \
             timer if timer is not None else MetaRunner() if self._on_meta() else None
         relay = _relay_below(timer) if timer is not None else None
         if relay is not None and timer is not None:  # nested: time by the bottom mode's clock
             runner = Relayed(timer)
+            if isinstance(_bottom_clock(), KernelTimer) != isinstance(timer, KernelTimer):
+                # the clock below hands out tokens of the other kind: count, untimed
+                warnings.warn(_MIXED_CLOCKS, stacklevel=2)
+                runner = Relayed(_CallsOnly())
         # a block a generator or coroutine owns is counted only while it runs (see
         # GuardedCountingMode); a context manager's body's block is its caller's (block_frame)
         guard = block_frame(_user_frame())
@@ -299,6 +308,8 @@ class FlopCounter(ProfileViews):
         tracker, mode = self._tracker, self._mode
         assert tracker is not None and mode is not None  # entered: see to_profile
         rows = counts.rows(self.attention == "causal")  # the deprecated option, applied here
+        if isinstance(self._timer, KernelTimer) and not self._active:  # kernels no op launched
+            rows += self._timer.outside_rows(tracker.ledger.frames, tracker.ledger.root.stack)
         trace = None
         if is_tracing(self._timer) and not self._active:
             trace = trace_events(self._timer, tracker.ledger, mode.resolved, self.root_label)
@@ -423,6 +434,27 @@ def _relay_below(timer: Timer):
 
 
 _ALREADY = object()  # a relay below already serves this counter: nothing to undo
+_MIXED_CLOCKS = (
+    'dispatch_flops: a timed counter nested in another takes its op times from the clock '
+    'below, and timing="kernels" and timing=True cannot share one: this counter\'s ops are '
+    "counted untimed")
+
+
+def _bottom_clock():
+    """The clock timing ops for the modes above the bottom counting mode (its Relay's)."""
+    below = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, CountingMode)]
+    runner = below[0].runner if below else None
+    return runner.clock if isinstance(runner, Relay) else runner
+
+
+class _CallsOnly(Timer):
+    """Counts calls, adds no time (a nested counter whose clock below it cannot read)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def add(self, counts: list, index: int, token) -> None:
+        counts[0] += 1
 
 
 def _unrelay(relay) -> None:

@@ -284,6 +284,15 @@ def test_nothing_left_behind_and_clear_errors():
     gp = profile_generate(model, torch.randint(0, 64, (1, 3)), max_new_tokens=2, **GREEDY)
     with pytest.raises(ValueError, match="H100-SXM"):
         gp.roofline("H1000")
+    if not torch.cuda.is_available():  # the default: the current GPU's built-in spec
+        with pytest.raises(ValueError, match="no built-in spec for this device"):
+            gp.roofline()
+    from dispatch_flops.results.roofline import DEVICES
+    from dispatch_flops.workflows import generation
+
+    with pytest.MonkeyPatch.context() as patch:  # on an H100: its spec, unasked
+        patch.setattr(generation, "device_spec", lambda: DEVICES["H100-SXM"])
+        assert gp.roofline().tokens_per_s == gp.roofline("H100-SXM").tokens_per_s
     with pytest.raises(ValueError, match="dense"):
         profile_generate(model, torch.randint(0, 64, (1, 3)), attention="flash")
 

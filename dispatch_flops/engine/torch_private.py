@@ -44,6 +44,7 @@ GATHER = "dispatch_flops.gather unavailable"
 INTERRUPTED = ("an expert-load hook whose registration an interrupt cut short stays on "
                "its module")
 DTENSOR = "DTensor logical figures may include sharding propagation's ops"
+KERNEL_TIMING = 'timing="kernels" times module boundaries only (no op gets kernel time)'
 
 
 class Private(NamedTuple):
@@ -215,6 +216,11 @@ TABLE: tuple[Private, ...] = (
     Private("torch.nested._internal.nested_tensor.NestedTensor", NESTED, fallback=_Absent),
     Private("torch._C._cuda_getCurrentStream", CUDA_STREAM, fallback=_cuda_stream_fallback,
             applies=_cuda),
+    Private("torch._C._profiler._RecordFunctionFast", KERNEL_TIMING),
+    Private("torch.autograd.profiler._prepare_profiler", KERNEL_TIMING),
+    Private("torch.autograd.profiler._enable_profiler", KERNEL_TIMING),
+    Private("torch.autograd.profiler._disable_profiler", KERNEL_TIMING),
+    Private("torch.autograd._profiler_enabled", KERNEL_TIMING),
     Private(_C10D + "_resolve_process_group", GROUPS, fallback=lambda name: _LoneGroup(),
             applies=_distributed),
     Private(_C10D + "_get_default_store", GATHER, applies=_distributed),

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from typing_extensions import TypeGuard
 
+from dispatch_flops.engine.kineto import kernel_timer
 from dispatch_flops.engine.records import (
     SIGNATURE,
     PricingError,
@@ -100,8 +101,13 @@ class CudaTracingTimer(_Tracing, CudaTimer):
         self._start_trace(limit)
 
 
-def new_timer(trace: bool, devices=(), limit: Optional[int] = None) -> Timer:
-    """The timer for a counter (``_timing.new_timer``), keeping a timeline when ``trace``."""
+def new_timer(trace: bool, devices=(), limit: Optional[int] = None,
+              kernels: bool = False, model=None) -> Timer:
+    """The timer for a counter (``_timing.new_timer``), keeping a timeline when ``trace``;
+    ``kernels``: ops timed by their kernels on CUDA (``engine.kineto``, sampled per ``model``;
+    a trace keeps events)."""
+    if kernels and not trace and torch.cuda.is_available():
+        return kernel_timer(devices, model)
     if not trace:
         return timing_new_timer(devices)
     return CudaTracingTimer(devices, limit) if torch.cuda.is_available() else \

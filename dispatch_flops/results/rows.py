@@ -12,6 +12,9 @@ from dispatch_flops.results.stats import COUNTS
 
 ROW = COUNTS + ("ns",)  # a row's counts: every Stats count, then measured ns
 NS_AT = len(ROW) - 1  # where ns sits in a row's counts
+# the operator of a row of kernels no op launched (raw Triton, extensions, NCCL, CUDA graph
+# replays): "kernel:<kernel name>", unsupported (flops unknown), timed (engine.kineto)
+KERNEL_ROW_PREFIX = "kernel:"
 # a row's counts: ints in ROW order (per_step's means may make some floats)
 Counts = tuple
 

@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 from tabulate import tabulate
 
 from dispatch_flops.results.format import duration, human
+from dispatch_flops.results.rows import KERNEL_ROW_PREFIX
 from dispatch_flops.results.stats import (
     BACKWARD,
     COMMUNICATION,
@@ -422,6 +423,16 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
     estimated = counter.estimated_ops()
     if estimated:
         lines.append(f"Estimated ops (flops from the op's tag family): {_listed(estimated)}")
+    outside = {op: stats for op, stats in counter.by_operator().items()
+               if op.startswith(KERNEL_ROW_PREFIX)}
+    if outside:
+        n = len(outside)
+        line = f"{n} kernel{'s' if n != 1 else ''} launched outside aten ops"
+        total_s = counter.total.latency_s
+        if total_s:
+            share = sum(s.latency_s or 0.0 for s in outside.values()) / total_s
+            line += f": {100.0 * share:.0f} % of GPU time"
+        lines.append(line + f" (flops unknown; rows {KERNEL_ROW_PREFIX}<name>)")
     unsupported = counter.unsupported_ops()
     if unsupported:
         lines.append(f"Unsupported ops (bytes counted, flops unknown): {_listed(unsupported)}")

@@ -39,6 +39,7 @@ from dispatch_flops.results.roofline import (
     MEMORY_BOUND,
     DeviceSpec,
     Roofline,
+    device_spec,
 )
 from dispatch_flops.views.text import generation_roofline_table, generation_table
 
@@ -428,14 +429,20 @@ class GenerationProfile:
                 kv_cache_bytes=f["kv_cache_bytes"], latency_s=p.wall_s))
         return out
 
-    def roofline(self, device, dtype=None) -> GenerationRoofline:
+    def roofline(self, device=None, dtype=None) -> GenerationRoofline:
         """Each step against ``device``'s roofs (a ``DeviceSpec``, or the name of a built-in
-        one in ``DEVICES``) at ``dtype`` (the model's parameter dtype when None): time to
-        first token, time per decode step and tokens/s, attainable and (timing on) measured.
-        A step's attainable time is the sum of its ops' ``max(flops / peak, bytes /
-        bandwidth)``: its ``compute_s`` is the time of the ops on the compute roof, its
-        ``memory_s`` that of the ops on the memory roof (the two sum to ``attainable_s``),
-        and it is bound by the larger."""
+        one in ``DEVICES``; None: the current GPU's built-in spec) at ``dtype`` (the model's
+        parameter dtype when None): time to first token, time per decode step and tokens/s,
+        attainable and (timing on) measured. A step's attainable time is the sum of its ops'
+        ``max(flops / peak, bytes / bandwidth)``: its ``compute_s`` is the time of the ops on
+        the compute roof, its ``memory_s`` that of the ops on the memory roof (the two sum to
+        ``attainable_s``), and it is bound by the larger."""
+        if device is None:
+            device = device_spec()
+            if device is None:
+                raise ValueError("no built-in spec for this device (no GPU, or one not in "
+                                 f"DEVICES: {sorted(DEVICES)}): pass device= a DeviceSpec "
+                                 "or a built-in name")
         device = resolve_device(device)
         dtype = dtype or self.total.dtype
         peak, bandwidth = device.peak_flops(dtype), device.memory_bandwidth

@@ -1,0 +1,299 @@
+"""Kernel timing on CUDA: ``FlopCounter(timing="kernels")`` gives each op the time of the
+kernels it launched, recorded by Kineto (CUPTI), and joined by ``engine.kernels``.
+
+``KernelTimer`` is the counting mode's runner: it opens a ``df:op:<token>`` range around each
+op it runs (``_RecordFunctionFast``: a RecordFunction, no dispatcher op, so no mode sees it),
+marks module boundaries with ``df:mark:<id>`` instants, and records the block with a
+``KinetoSession`` (Kineto with CPU and CUDA activities: the CPU half carries the ids the join
+needs). The session stops when the block ends (its end mark: Kineto synchronizes the devices
+then); ``resolve()`` joins and adds each op's kernel time to its record and each module call's
+device span to its frame. Kernels no op launched become rows of their own (``outside_rows``).
+
+Where Kineto cannot record (no Kineto or no CUPTI in this torch, or another profiler already
+running: CUPTI takes one subscriber), ``kernel_timer`` says so once and falls back to CUDA
+events at module boundaries only (``ModuleEventTimer``): ops get no time rather than an event
+pair's, which times the stream, not the kernel.
+
+Nothing here runs on a machine without a GPU but the parts the tests drive: the session with
+CPU activity only, fed a synthetic GPU half (tests/kineto_traces.py); none of it has been run
+on a GPU yet (docs/timing.md says what to check there).
+"""
+
+from __future__ import annotations
+
+import warnings
+from time import perf_counter_ns
+from typing import Callable, Optional
+from weakref import WeakKeyDictionary
+
+import torch
+
+from dispatch_flops.engine.kernels import (
+    MARK_PREFIX,
+    OP_PREFIX,
+    KernelJoin,
+    Sampler,
+    from_kineto,
+    join,
+)
+from dispatch_flops.engine.records import CALLS, SIGNATURE
+from dispatch_flops.engine.timing import CudaTimer, Timer
+from dispatch_flops.engine.torch_private import lookup
+from dispatch_flops.results.rows import KERNEL_ROW_PREFIX, ROW, RowKey
+from dispatch_flops.results.stats import UNSUPPORTED, Phase
+
+_RecordFunctionFast = lookup("torch._C._profiler._RecordFunctionFast")
+# Kineto without torch.profiler's post-processing (a profile object only holds the config)
+_KINETO_APIS = ("torch.autograd.profiler._prepare_profiler",
+                "torch.autograd.profiler._enable_profiler",
+                "torch.autograd.profiler._disable_profiler", "torch.autograd._profiler_enabled")
+
+
+def _fast_range(name: str):
+    return _RecordFunctionFast(name)
+
+
+class KinetoSession:
+    """Kineto recording CPU and (when ``cuda``) CUDA activities, without torch.profiler's
+    post-processing: ``stop()`` gives ``(host events, device activities)``."""
+
+    def __init__(self, cuda: bool = True) -> None:
+        from torch.autograd.profiler import profile
+
+        # a config holder only (never entered): its config() matches this torch's signature
+        self._profile = profile(use_device="cuda" if cuda else None, use_cpu=True)
+        self.cuda = cuda
+
+    def start(self) -> None:
+        p = self._profile
+        lookup("torch.autograd.profiler._prepare_profiler")(p.config(), p.kineto_activities)
+        lookup("torch.autograd.profiler._enable_profiler")(p.config(), p.kineto_activities)
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def stop(self) -> tuple:
+        self.synchronize()  # every kernel of the block done before CUPTI flushes
+        return from_kineto(lookup("torch.autograd.profiler._disable_profiler")().events())
+
+
+class _Point:
+    __slots__ = ("id", "ns", "block_end")
+
+    def __init__(self, id: int, ns: int, block_end: bool) -> None:
+        self.id, self.ns, self.block_end = id, ns, block_end
+
+
+class KernelTimer(Timer):
+    """Each op's time is the sum of the kernels it launched (see the module's docstring)."""
+
+    cuda = True  # times land when results are read
+    estimated = False  # EstimatingTimer's: op times reused from a sampled block
+
+    def __init__(self, session=None, sampler: Optional[Sampler] = None) -> None:
+        super().__init__()
+        self.session = session if session is not None else KinetoSession()
+        self.sampler = sampler  # learns each signature's kernel time from this block
+        self._records: dict = {}  # id -> (counts, index): every record counted into
+        self._targets: list = []  # token -> [(counts, index)] the op's time goes to
+        self._spans: list = []  # (counts, index, start point, end point) per module call
+        self._marks = 0
+        self._events: Optional[tuple] = None
+        self.found: Optional[KernelJoin] = None
+        self.session.start()
+        self._recording = True
+
+    def run(self, resolved, args, kwargs):
+        func = resolved.run
+        token = len(self._targets)
+        self._targets.append(None)
+        if not self._recording:  # after the block's end (results read inside it)
+            return (func(*args, **kwargs) if kwargs else func(*args)), None
+        with _fast_range(f"{OP_PREFIX}{token}"):
+            out = func(*args, **kwargs) if kwargs else func(*args)
+        return out, token
+
+    def add(self, counts: list, index: int, token) -> None:
+        counts[0] += 1  # CALLS (see _records)
+        self._records[id(counts)] = (counts, index)
+        if token is None:
+            return
+        targets = self._targets[token]
+        if targets is None:
+            self._targets[token] = [(counts, index)]
+        else:  # nested counters share the op
+            targets.append((counts, index))
+
+    def mark(self, block_end: bool = False):
+        point = _Point(self._marks, perf_counter_ns(), block_end)
+        self._marks += 1
+        if self._recording:
+            fast = _fast_range(f"{MARK_PREFIX}{point.id}")
+            fast.__enter__()
+            fast.__exit__(None, None, None)
+            if block_end:  # the wall ends when the kernels do, before Kineto's own stop
+                synchronize = getattr(self.session, "synchronize", None)
+                if synchronize is not None:
+                    synchronize()
+                point.ns = perf_counter_ns()
+                self._stop()
+        return point
+
+    def span(self, counts: list, index: int, start, end) -> None:
+        self._spans.append((counts, index, start, end))
+
+    def _stop(self) -> None:
+        self._recording = False
+        self._events = self.session.stop()
+
+    def resolve(self) -> None:
+        """Join the block's activities (once) and land every op's and module call's time."""
+        if self.found is not None:
+            return
+        if self._recording:
+            self._stop()
+        assert self._events is not None
+        host, device = self._events
+        spans = [(i, start.id, end.id) for i, (_, _, start, end) in enumerate(self._spans)]
+        found = join(host, device, spans)
+        for token, ns in found.op_ns.items():
+            for counts, index in self._targets[token] or ():
+                counts[index] += ns
+        for i, (counts, index, start, end) in enumerate(self._spans):
+            if end.block_end:  # the block's wall: the host's, from entry to the last kernel
+                counts[index] += end.ns - start.ns
+            else:  # a module call: its kernels' span on the device
+                call = found.calls.get(i)
+                counts[index] += call.span_ns if call is not None else 0
+        self.found = found
+        if self.sampler is not None:
+            self.sampler.learn(_by_signature(self._records.values(), with_ns=True))
+
+    def outside_rows(self, frames, root: tuple) -> tuple:
+        """Profile rows for the kernels no op launched: one per (module stack, phase, kernel
+        name), operator ``kernel:<name>``, unsupported (flops unknown), with calls and ns.
+        ``frames``: the ledger's (a module call's span list names its frame); ``root``: the
+        stack of what ran outside every module call. Kernels inside a span that is no frame's
+        (a compiled graph's run) are that run's time already: no row."""
+        self.resolve()
+        assert self.found is not None
+        stack_of = {id(frame.span): frame.stack for frame in frames}
+        rows: dict = {}
+        for row in self.found.outside:
+            stack = root
+            if row.call is not None:
+                found = stack_of.get(id(self._spans[row.call][0]))
+                if found is None:
+                    continue
+                stack = found
+            key = RowKey(stack, Phase(row.phase), KERNEL_ROW_PREFIX + row.name, row.name,
+                         UNSUPPORTED, None)
+            calls, ns = rows.get(key, (0, 0))
+            rows[key] = (calls + row.calls, ns + row.ns)
+        width = len(ROW)
+        return tuple((key, (calls,) + (0,) * (width - 2) + (ns,))
+                     for key, (calls, ns) in rows.items())
+
+
+class ModuleEventTimer(CudaTimer):
+    """The fallback without Kineto: CUDA events at module boundaries and the block's; ops run
+    untimed (an event pair around an op times its stream, not its kernels)."""
+
+    def run(self, resolved, args, kwargs):
+        func = resolved.run
+        return (func(*args, **kwargs) if kwargs else func(*args)), None
+
+
+class EstimatingTimer(ModuleEventTimer):
+    """A block between sampled ones: no Kineto, no range per op; each op gets its signature's
+    kernel time per call from the last block that measured it (``Sampler``), module calls and
+    the block their CUDA events. A signature never measured gets no time, and the next block
+    is sampled."""
+
+    def __init__(self, devices, sampler: Sampler) -> None:
+        super().__init__(devices)
+        self.sampler = sampler
+        self._records: dict = {}
+        self._landed = False
+
+    estimated = True
+
+    def add(self, counts: list, index: int, token) -> None:
+        super().add(counts, index, token)
+        self._records[id(counts)] = (counts, index)
+
+    def resolve(self) -> None:
+        super().resolve()
+        if self._landed:
+            return
+        self._landed = True
+        records = list(self._records.values())
+        self.sampler.estimate(_by_signature(records, with_ns=False))
+        per_call = self.sampler.per_call
+        for counts, index in records:
+            signature = counts[SIGNATURE]
+            if signature is not None and signature in per_call:
+                counts[index] += round(per_call[signature] * counts[CALLS])
+        self.sampler.step_done()
+
+
+def _by_signature(records, with_ns: bool) -> dict:
+    """``{signature: (calls, ns)}`` (``with_ns``) or ``{signature: calls}`` over op records
+    (views, with no signature, left out)."""
+    found: dict = {}
+    for counts, index in records:
+        signature = counts[SIGNATURE]
+        if signature is None:
+            continue
+        calls, ns = found.get(signature, (0, 0))
+        found[signature] = (calls + counts[CALLS], ns + counts[index])
+    return found if with_ns else {s: calls for s, (calls, _) in found.items()}
+
+
+def unavailable() -> Optional[str]:
+    """Why Kineto cannot record kernels here, or None when it can."""
+    from torch.autograd import kineto_available
+    from torch.profiler import ProfilerActivity, supported_activities
+
+    missing = [name for name in ("torch._C._profiler._RecordFunctionFast", *_KINETO_APIS)
+               if lookup(name) is None]
+    if missing:
+        return f"this torch lacks {', '.join(missing)}"
+    if not kineto_available():
+        return "this torch was built without Kineto"
+    if ProfilerActivity.CUDA not in supported_activities():
+        return "this torch's Kineto has no CUPTI (CUDA activities)"
+    if lookup("torch.autograd._profiler_enabled")():
+        return "another profiler is recording (CUPTI takes one subscriber)"
+    return None
+
+
+KERNELS = "kernels"  # FlopCounter(timing=KERNELS)
+_warned: set = set()
+SESSION: Callable[[], object] = KinetoSession  # what records a block (the tests' CPU stand-in)
+
+
+SAMPLE_EVERY = 10  # with a model: kernels recorded on one block in this many (Sampler)
+_samplers: WeakKeyDictionary = WeakKeyDictionary()  # model -> its Sampler
+
+
+def kernel_timer(devices=(), model=None) -> Timer:
+    """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer`` on a sampled block (every
+    block without a model), ``EstimatingTimer`` on the others; where Kineto cannot record
+    (saying why, once per reason) ``ModuleEventTimer``."""
+    reason = unavailable()
+    if reason is None:
+        if model is None:
+            return KernelTimer(SESSION())
+        sampler = _samplers.get(model)
+        if sampler is None:
+            sampler = _samplers[model] = Sampler(SAMPLE_EVERY)
+        if sampler.due():
+            return KernelTimer(SESSION(), sampler)
+        return EstimatingTimer(devices, sampler)
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"dispatch_flops: kernel timing unavailable: {reason}; timing module "
+                      "boundaries with CUDA events only (ops get no time)", stacklevel=3)
+    return ModuleEventTimer(devices)

@@ -1,0 +1,177 @@
+"""``FlopCounter(timing="kernels")`` end to end on the CPU: the kernel timer's ranges and
+marks recorded by a real Kineto session (CPU activity), a synthetic GPU half added when it
+stops (tests/kineto_traces.py ``SyntheticGpu``), the CUDA parts faked (tests/fake_cuda.py)."""
+
+import warnings
+
+import pytest
+import torch
+from fake_cuda import FakeCuda
+from kineto_traces import SyntheticGpu, raw_launch
+from torch import nn
+
+from dispatch_flops import FlopCounter, Profile
+from dispatch_flops.engine import kineto as _kineto
+
+KERNELS = {
+    "aten::addmm": [("kernel", "sm90_xmma_gemm_bf16", 10.0)],
+    "aten::mm": [("kernel", "sm90_xmma_gemm_bf16_nn", 8.0)],
+    "aten::relu": [("kernel", "vectorized_elementwise_kernel<relu>", 2.0)],
+    "aten::threshold_backward": [("kernel", "elementwise_kernel<threshold_bw>", 2.0)],
+    "aten::sum": [("kernel", "reduce_kernel<sum>", 3.0)],
+}
+RAW = "triton_poi_fused_gelu_0"
+
+
+class Block(nn.Module):
+    """A linear, then a raw kernel launched with no aten op (a Triton kernel called by hand)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        raw_launch(RAW)
+        return y.relu()
+
+
+def model_and_input():
+    torch.manual_seed(0)
+    return nn.Sequential(Block(), nn.Linear(8, 8)), torch.randn(4, 8)
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    FakeCuda().install(monkeypatch)
+    monkeypatch.setattr(_kineto, "unavailable", lambda: None)
+    sessions: list = []
+
+    def session():
+        sessions.append(SyntheticGpu(KERNELS))
+        return sessions[-1]
+
+    monkeypatch.setattr(_kineto, "SESSION", session)
+    return sessions
+
+
+def test_each_op_timed_by_its_kernels_and_raw_kernels_get_rows(gpu):
+    model, x = model_and_input()
+    with FlopCounter(model, timing="kernels") as fc:
+        model(x).sum().backward()
+    assert [s.stopped for s in gpu] == [1]  # stopped at the block's end, before any read
+    ops = fc.by_operator()
+    for op, name in (("aten.addmm", "aten::addmm"), ("aten.mm", "aten::mm"),
+                     ("aten.relu", "aten::relu"), ("aten.sum", "aten::sum")):
+        per_call = KERNELS[name][0][2] * 1e-6
+        assert ops[op].latency_s == pytest.approx(ops[op].calls * per_call), op
+    assert ops["aten.t"].latency_s == 0  # a view launches nothing
+    raw = ops["kernel:" + RAW]
+    assert (raw.calls, raw.flops) == (1, 0) and raw.latency_s == pytest.approx(5e-6)
+    assert fc.unsupported_ops()["kernel:" + RAW] == 1  # flops unknown, listed
+    # Block's own: relu 2, the raw kernel 5, relu's backward 2 (its linear's are the child's)
+    assert fc.by_module()["0"].exclusive.latency_s == pytest.approx((2 + 5 + 2) * 1e-6)
+    found = fc.timer.found  # the join: every device activity went to an op or a row
+    assert found.attributed_ns + found.outside_ns == found.device_ns
+    assert fc.total.latency_s == pytest.approx(found.device_ns * 1e-9)
+    footer = fc.table()
+    assert "1 kernel launched outside aten ops" in footer
+    loaded = Profile.from_dict(fc.to_dict())
+    assert loaded.by_operator()["kernel:" + RAW].latency_s == pytest.approx(5e-6)
+
+
+def test_module_time_is_its_kernels_span(gpu):
+    model, x = model_and_input()
+    with FlopCounter(model, timing="kernels") as fc:
+        model(x)
+    block = fc.by_module()["0"]
+    # gemm 10 us, 1 us idle (SyntheticGpu's gap after an op's kernel), raw 5, relu 2: its
+    # kernels' span on the device, idle included
+    assert block.latency_s == pytest.approx(18e-6)
+
+
+def test_without_cupti_warns_once_and_times_module_boundaries_only(monkeypatch):
+    FakeCuda().install(monkeypatch)
+    monkeypatch.setattr(_kineto, "unavailable",
+                        lambda: "another profiler is recording (test)")
+    monkeypatch.setattr(_kineto, "_warned", set())
+    model, x = model_and_input()
+    with pytest.warns(UserWarning, match="kernel timing unavailable: another profiler"):
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x)
+    assert fc.by_operator()["aten.addmm"].latency_s == 0  # never an event pair per op
+    assert fc.by_module()["0"].latency_s > 0  # module boundaries: events
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with FlopCounter(model, timing="kernels"):
+            model(x)
+
+
+def test_on_the_cpu_kernels_timing_is_the_host_clock():
+    model, x = model_and_input()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x)
+    assert fc.by_operator()["aten.addmm"].latency_s > 0
+
+
+def test_timing_must_be_a_known_value():
+    with pytest.raises(TypeError, match="True, False or 'kernels'"):
+        FlopCounter(timing="cupti")
+    with pytest.raises(TypeError, match="timing must be True or False"):
+        FlopCounter(timing=1)
+
+
+def test_kernels_recorded_on_one_block_in_k_and_reused_on_the_others(gpu, monkeypatch):
+    """With a model, Kineto records one block in SAMPLE_EVERY; the blocks between reuse each
+    signature's kernel time per call; a new signature makes the next block sampled."""
+    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 3)
+    model, x = model_and_input()
+    times, estimated = [], []
+    for _ in range(4):
+        model.zero_grad(set_to_none=True)  # else step 1 accumulates grads: new signatures
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x).sum().backward()
+        times.append({op: s.latency_s for op, s in fc.by_operator().items()
+                      if not op.startswith("kernel:")})
+        estimated.append(fc.timer.estimated)
+    assert estimated == [False, True, True, False] and len(gpu) == 2
+    for step in (1, 2):
+        assert times[step] == pytest.approx(times[0]), step
+    with FlopCounter(model, timing="kernels") as fc:  # a new shape: signatures never measured
+        model(torch.randn(6, 8))
+    assert fc.timer.estimated and fc.by_operator()["aten.addmm"].latency_s == 0
+    with FlopCounter(model, timing="kernels") as fc:
+        model(torch.randn(6, 8))
+    assert not fc.timer.estimated  # measured at once
+
+
+def test_unavailable_names_why(monkeypatch):
+    """Each reason kernel timing falls back, named: a private API this torch lacks, another
+    profiler recording; none on this CPU torch (Kineto built in, CUPTI not: CPU build)."""
+    real = _kineto.lookup
+    monkeypatch.setattr(_kineto, "lookup", lambda name: None
+                        if name.endswith("_enable_profiler") else real(name))
+    assert "lacks torch.autograd.profiler._enable_profiler" in _kineto.unavailable()
+    monkeypatch.setattr(_kineto, "lookup", real)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]):
+        reason = _kineto.unavailable()
+    assert reason is not None and ("another profiler" in reason or "CUPTI" in reason)
+
+
+def test_nested_counters_mixing_clocks_count_untimed_and_say_so(gpu, monkeypatch):
+    """A kernel-timed counter nested in another (or one with event timing inside it): ops are
+    timed by the clock below, which hands out tokens of another kind; the counter above
+    counts them untimed, with a warning, and raises nothing."""
+    monkeypatch.setattr(_kineto, "unavailable", lambda: None)
+    model, x = model_and_input()
+    with pytest.warns(UserWarning, match="cannot share one"):
+        with FlopCounter(timing="kernels") as outer:
+            with FlopCounter(timing=True) as inner:
+                model(x)
+    assert inner.by_operator()["aten.addmm"].calls == 2
+    assert inner.by_operator()["aten.addmm"].latency_s == 0
+    assert outer.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
