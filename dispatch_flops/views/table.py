@@ -37,6 +37,7 @@ from dispatch_flops.results.stats import (
     UNSUPPORTED,
     depth_of,
 )
+from dispatch_flops.views.escape import printable, safe_lines
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
 NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)
@@ -106,7 +107,7 @@ def _timed(cell: Callable) -> Callable:
 # module's name says) is the first to go, then the least needed figures.
 COLUMNS: tuple = (
     Column("module", "Module", "Module", 0, lambda run, name, m: name),  # laid out apart
-    Column("type", "Type", "Type", 16, lambda run, name, m: run.types.get(name, "")),
+    Column("type", "Type", "Type", 16, lambda run, name, m: printable(run.types.get(name, ""))),
     Column("calls", "Calls", "Calls", 7, _calls),
     Column("params", "Params", "Params", 9, lambda run, name, m: human(m.params)),
     Column("macs", "MACs", "MACs", 10, lambda run, name, m: human(m.macs)),
@@ -189,7 +190,7 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
     shown = set(names)
     for name in names:
         if name == ROOT:  # the model's class name: as long as a class name can be
-            labels[name] = _shortened(root_label, limit)
+            labels[name] = _shortened(printable(root_label), limit)
             continue
         parts = name.split(".")
         relative = name
@@ -197,7 +198,7 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
             if ".".join(parts[:cut]) in shown:
                 relative = ".".join(parts[cut:])
                 break
-        labels[name] = _shortened("· " * (depth_of(name) - 1) + relative, limit)
+        labels[name] = _shortened("· " * (depth_of(name) - 1) + printable(relative), limit)
     return labels
 
 
@@ -241,9 +242,10 @@ def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = 
     table, shown = _fitted(run, names, chosen, fit, ops)
     lines = [table] + _footer(counter, by_phase, names, modules, {c.key for c in shown})
     if fit is not None:  # prose lines wrap at the same width
-        lines = [table] + [textwrap.fill(line, fit, subsequent_indent="  ",
+        lines = [table] + [textwrap.fill(printable(line), fit, subsequent_indent="  ",
                                          break_on_hyphens=False) for line in lines[1:]]
-    return "\n".join(lines)
+    # names reach the notes too (ops, errors): nothing in them acts on the terminal
+    return safe_lines("\n".join(lines))
 
 
 def _chosen(columns, available: list, run) -> list:
@@ -321,7 +323,7 @@ def _op_rows(run, name: str, m, chosen: list, ops: int) -> list:
               "percent": lambda s: _percent(s.flops, run.total),
               "read": lambda s: human(s.bytes_read, "B"),
               "written": lambda s: human(s.bytes_written, "B")}
-    return [[indent + op] + [per_op[c.key](stats) if c.key in per_op else ""
+    return [[indent + printable(op)] + [per_op[c.key](stats) if c.key in per_op else ""
                              for c in chosen[1:]]
             for op, stats in top if stats.flops]
 

@@ -8,15 +8,17 @@ reads its object's public fields only."""
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from statistics import mean
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, cast
 
 from tabulate import tabulate
 
 from dispatch_flops.results import conventions, experts, utilisation
 from dispatch_flops.results.format import duration, human, scientific
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+from dispatch_flops.views.escape import printable, safe_lines
 
 if TYPE_CHECKING:  # types only: a view never imports the workflows above it
     from dispatch_flops.results.profile import Profile
@@ -26,14 +28,26 @@ if TYPE_CHECKING:  # types only: a view never imports the workflows above it
 # a generation's row labels: workflows.generation's ENCODER, PREFILL and DECODE
 _ENCODER, _PREFILL, _DECODE = "encoder", "prefill", "decode"
 
+_Text = TypeVar("_Text", bound=Callable[..., str])
+
+
+def _escaped(view: _Text) -> _Text:
+    """A text view whose names (layers, models, devices) print nothing a terminal acts on."""
+    @functools.wraps(view)
+    def safe(*args, **kwargs) -> str:
+        return safe_lines(view(*args, **kwargs))
+    return cast(_Text, safe)
+
 
 # -- results (through the presenter) ---------------------------------------------------------
+@_escaped
 def experts_table(profile: Profile) -> str:
     """One line per MoE layer: experts, tokens, min / mean / max tokens per expert, the
     imbalance (max / mean), idle experts, padding."""
     stats = experts.expert_stats(profile)
     if not stats:
         return "No MoE layers (no module matched the expert rules: docs/distributed.md)"
+    stats = {printable(layer): s for layer, s in stats.items()}  # aligned as printed
     width = max(len("Layer"), *(len(s) for s in stats))
     lines = [f"{'Layer':<{width}}  Experts  Calls  Tokens    Min     Mean     Max  Max/mean"
              "  Idle  Padding"]
@@ -50,6 +64,7 @@ def _grouped(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:,.1f}"
 
 
+@_escaped
 def conventions_table(c: conventions.Conventions) -> str:
     """The table: a header saying what the formulas read, one line per convention (notes
     indented below it), then the differences; at most ``results.conventions.WIDTH``
@@ -95,6 +110,7 @@ def conventions_table(c: conventions.Conventions) -> str:
     return "\n".join(lines)
 
 
+@_escaped
 def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
                      device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
                      flops: str) -> str:
@@ -112,6 +128,7 @@ def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
 
 
 # -- workflows (called directly) -------------------------------------------------------------
+@_escaped
 def generation_roofline_table(roof: GenerationRoofline) -> str:
     """A row per step (prefill, then each decode step): flops per byte, the compute, memory
     and attainable times, the bound and (timing on) the measured time and the attainable /
@@ -139,6 +156,7 @@ def generation_roofline_table(roof: GenerationRoofline) -> str:
                                colalign=align), repr(roof)])
 
 
+@_escaped
 def generation_table(gp: GenerationProfile) -> str:
     """Prefill, the first, mean and last decode step, and how much a decode step grows per
     token; the encoder and the work outside the model's calls when there is any."""
@@ -221,6 +239,7 @@ def _flops(n: float) -> str:
     return f"{n:.4g} FLOP"
 
 
+@_escaped
 def throughput_text(reading: ThroughputReading) -> str:
     """One line: timed steps, s/step, tokens/s, model and hardware flops per step, MFU / HFU
     and their peak (or why there is none), then the steps left out of the figures."""
