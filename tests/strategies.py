@@ -174,8 +174,9 @@ def context_runs(draw):
 # names a user's model (or a received JSON file) may hold: any text, weighted to what acts on
 # a terminal (escapes, C1 controls, bidi overrides, line breaks) or a spreadsheet (= + - @)
 HOSTILE = ["\x1b[1A", "\x1b[2K", "\x1b]0;title\x07", "\u202e", "\u2066", "\u200f", "\n", "\r",
-           "\t", "\x00", "\x7f", "\x85", "\x9b", "\u2028", "\u2029", "\ud800", "=", "+", "-",
-           "@", "'", '"', ",", "=cmd|' /C calc'!A0", "@SUM(A1)", "=1+1", "-5", "é", "中"]
+           "\t", "\x00", "\x7f", "\x85", "\x9b", "\u2028", "\u2029", "\ud800", "\xa0", "\u3000",
+           " ", "=", "+", "-", "@", "'", '"', ",", "=cmd|' /C calc'!A0", "@SUM(A1)", "=1+1", "-5",
+           "é", "中"]
 
 
 @st.composite

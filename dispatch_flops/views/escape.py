@@ -10,9 +10,10 @@ visible, and telling which character it was. JSON keeps names as they are (it is
 
 Escaped: Unicode's controls (Cc: C0, DEL, C1), format characters (Cf: the bidi embeddings,
 overrides and isolates, zero-width joiners), lone surrogates (Cs: a terminal's encoder cannot
-write them) and the line and paragraph separators (Zl, Zp). ``printable`` escapes a name's
-line breaks and tabs too (the layout's columns and rows are the view's); ``safe_lines`` keeps
-the text's own line breaks and escapes the rest, the last step of every text view.
+write them), the line and paragraph separators (Zl, Zp) and spaces other than " " (Zs).
+``printable`` escapes a name's line breaks and tabs too (the layout's columns and rows are the
+view's); ``safe_lines`` keeps the text's own line breaks and escapes the rest, the last step
+of every text view.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def _escape(c: str) -> str:
 
 
 def _acted_on(c: str) -> bool:
-    return unicodedata.category(c) in _ESCAPED
+    # a space other than " " (no-break, ideographic, ...) too: invisible, and a table's
+    # layout strips it, so a name of one would print as nothing
+    category = unicodedata.category(c)
+    return category in _ESCAPED or (category == "Zs" and c != " ")
 
 
 def printable(name: str) -> str:
@@ -53,3 +57,15 @@ def safe_lines(text: str) -> str:
     if text.isprintable():
         return text
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def cell(name: str) -> str:
+    """``printable(name)`` for a table cell: a space it starts or ends with is escaped too
+    (a table strips it: " a" and "a" would print alike)."""
+    name = printable(name)
+    stripped = name.strip(" ")
+    if stripped == name:
+        return name
+    head = len(name) - len(name.lstrip(" "))
+    tail = len(name) - head - len(stripped) if stripped else 0
+    return "\\x20" * head + stripped + "\\x20" * tail

@@ -37,7 +37,7 @@ from dispatch_flops.results.stats import (
     UNSUPPORTED,
     depth_of,
 )
-from dispatch_flops.views.escape import printable, safe_lines
+from dispatch_flops.views.escape import cell, printable, safe_lines
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
 NEVER_CALLED = "-"  # the Calls cell of a container never called itself (ModuleList)
@@ -107,7 +107,7 @@ def _timed(cell: Callable) -> Callable:
 # module's name says) is the first to go, then the least needed figures.
 COLUMNS: tuple = (
     Column("module", "Module", "Module", 0, lambda run, name, m: name),  # laid out apart
-    Column("type", "Type", "Type", 16, lambda run, name, m: printable(run.types.get(name, ""))),
+    Column("type", "Type", "Type", 16, lambda run, name, m: cell(run.types.get(name, ""))),
     Column("calls", "Calls", "Calls", 7, _calls),
     Column("params", "Params", "Params", 9, lambda run, name, m: human(m.params)),
     Column("macs", "MACs", "MACs", 10, lambda run, name, m: human(m.macs)),
@@ -190,7 +190,7 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
     shown = set(names)
     for name in names:
         if name == ROOT:  # the model's class name: as long as a class name can be
-            labels[name] = _shortened(printable(root_label), limit)
+            labels[name] = _shortened(cell(root_label), limit)
             continue
         parts = name.split(".")
         relative = name
@@ -198,7 +198,7 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
             if ".".join(parts[:cut]) in shown:
                 relative = ".".join(parts[cut:])
                 break
-        labels[name] = _shortened("· " * (depth_of(name) - 1) + printable(relative), limit)
+        labels[name] = _shortened("· " * (depth_of(name) - 1) + cell(relative), limit)
     return labels
 
 
