@@ -25,6 +25,7 @@ from . import (  # noqa: F401  (registers)
     random,
     recurrent,
     reductions,
+    vision,
 )
 from ._registry import (
     REGISTRY,

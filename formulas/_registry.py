@@ -73,12 +73,13 @@ An op falls in exactly one of five categories, kept apart everywhere:
 * it is unknown (``UNSUPPORTED``): reported, never silently priced as zero;
 * it communicates (``COMMUNICATION``): a collective, priced by its bytes on the wire.
 
-Ops registered only when a module is imported (``fsdp::all_gather_copy_in`` appears with
-``torch.distributed.fsdp``) may be named by their qualified name, a string: the formula waits
-for the op, and prices it from the moment it exists. A name is never checked against the ops
-that exist when it is registered (the point is to name them before), so a misspelt one is
-accepted and never met; ``Registry.has`` answers for ops that exist, and for a name of one
-that does not exist (yet), False.
+An op may be named by its qualified name, a string (``"mylib::my_op"``, or
+``"mylib::my_op.overload"``): a name of an op that exists is that op. A name of no op is a
+``ValueError`` (a misspelt name would otherwise be accepted and never met), unless the
+registration says ``lazy=True``: for an op registered only when a module is imported later
+(a custom op's library; ``fsdp::all_gather_copy_in`` appears with ``torch.distributed.fsdp``),
+the formula waits for the op and prices it from the moment it exists. ``Registry.has``
+answers for ops that exist, and for a name of one that does not exist (yet), False.
 
 The one lookup (``Registry.lookup``): overload override, then packet, then tag estimate, then
 unsupported. A registered formula always wins over an estimate.
@@ -224,14 +225,37 @@ def _existing(name: str) -> Optional[OpOverloadPacket]:
     return found if isinstance(found, OpOverloadPacket) else None
 
 
-def _as_op(op) -> Union[OpLike, str]:
-    if isinstance(op, str):  # "namespace::name": an op registered later, on import
+def _named_op(name: str, lazy: bool) -> Union[OpLike, str]:
+    """The op a qualified name names, or, for a name of no op yet, the name itself when the
+    registration is ``lazy`` (the op's library loads later) and a ``ValueError`` otherwise."""
+    if isinstance(name, _Missing):  # the formula library's own: an op of another torch
+        return name
+    packet = _existing(name)
+    overload = name.partition("::")[2].partition(".")[2]
+    if packet is not None and not overload:
+        return packet
+    if packet is not None and overload in packet.overloads():
+        return getattr(packet, overload)
+    if lazy:
+        return name
+    if packet is not None:
+        raise ValueError(f"{name!r}: {packet._qualified_op_name} has no overload {overload!r} "
+                         f"(its overloads: {', '.join(packet.overloads())})")
+    raise ValueError(
+        f"no op named {name!r} exists: check the spelling (torch.ops.{name.replace('::', '.')} "
+        "is not defined); for a custom op whose library is loaded later, register its name "
+        "before with lazy=True (register_formula(name, lazy=True)): the formula prices the op "
+        "from when it is defined")
+
+
+def _as_op(op, lazy: bool = False) -> Union[OpLike, str]:
+    if isinstance(op, str):  # "namespace::name"
         namespace_name, _, name = op.partition("::")
-        if not namespace_name or not name:
+        if not namespace_name or not name or name.startswith("."):
             raise TypeError(f"expected an OpOverload (torch.ops.aten.mm.default), an "
                             f"OpOverloadPacket (torch.ops.aten.mm), a torch.library custom op "
                             f"or a qualified name 'namespace::name', got {op!r}")
-        return op
+        return _named_op(op, lazy)
     # A `torch.library.custom_op` returns a CustomOpDef; its overload is what dispatches.
     inner = getattr(op, "_opoverload", None)
     if inner is not None:
@@ -285,7 +309,7 @@ class Registry:
         self.version = 0
 
     @staticmethod
-    def _normalise(ops) -> list:
+    def _normalise(ops, lazy: bool = False) -> list:
         if isinstance(ops, (list, tuple, set, frozenset)):
             if not ops and not isinstance(ops, _Present):
                 raise ValueError("no ops given: name at least one op (an OpOverload, an "
@@ -293,7 +317,7 @@ class Registry:
             ops = list(ops)
         else:
             ops = [ops]
-        return [_as_op(op) for op in ops]
+        return [_as_op(op, lazy) for op in ops]
 
     def _put(self, ops: list, entry: Entry, override: bool) -> None:
         if not override:
@@ -311,13 +335,15 @@ class Registry:
             getattr(self, _table_of(op))[op] = entry
         self.version += 1
 
-    def formula(self, ops, *, override: bool = False,
-                dtype: Optional[str] = None) -> Callable[[Formula], Formula]:
-        """Decorator: price ``ops`` (one op or a list; packets or overloads) with a formula.
-        ``dtype`` names the dtype the ops compute in ("int8" for a quantised GEMM) where the
-        engine's rule, the first floating-point tensor argument's, would not say it."""
+    def formula(self, ops, *, override: bool = False, dtype: Optional[str] = None,
+                lazy: bool = False) -> Callable[[Formula], Formula]:
+        """Decorator: price ``ops`` (one op or a list; packets, overloads or qualified names)
+        with a formula. ``dtype`` names the dtype the ops compute in ("int8" for a quantised
+        GEMM) where the engine's rule, the first floating-point tensor argument's, would not
+        say it. ``lazy=True`` takes a qualified name of an op not defined yet (its library
+        loads later); without it such a name is a ``ValueError``."""
 
-        ops = self._normalise(ops)  # fail at the decorator line, not later
+        ops = self._normalise(ops, lazy)  # fail at the decorator line, not later
 
         def decorate(fn: Formula) -> Formula:
             _check_formula(fn)
@@ -328,19 +354,20 @@ class Registry:
 
     def no_arithmetic(
         self, ops: Iterable, movement: Movement, *, bytes: Optional[Formula] = None,
-        override: bool = False
+        override: bool = False, lazy: bool = False
     ) -> None:
         """Declare ``ops`` as doing no arithmetic, moving memory as ``movement`` says; or, for
         ops that touch part of a tensor, as ``bytes`` (a formula whose ``Cost`` has 0 flops
-        and the bytes read and written) says."""
-        self._put(self._normalise(ops),
+        and the bytes read and written) says. ``lazy``: as for ``formula``."""
+        self._put(self._normalise(ops, lazy),
                   Entry(Category.NO_ARITHMETIC, bytes, movement=movement), override)
 
-    def collective(self, ops, *, override: bool = False) -> Callable[[Formula], Formula]:
+    def collective(self, ops, *, override: bool = False,
+                   lazy: bool = False) -> Callable[[Formula], Formula]:
         """Decorator: price the communication ``ops`` with a formula whose ``Cost`` gives
         ``comm_bytes`` and ``comm_alg_bytes`` (and 0 flops); it may name ``group_size`` and
-        ``group_rank`` (see the module's docstring)."""
-        ops = self._normalise(ops)
+        ``group_rank`` (see the module's docstring). ``lazy``: as for ``formula``."""
+        ops = self._normalise(ops, lazy)
 
         def decorate(fn: Formula) -> Formula:
             _check_formula(fn)
@@ -366,10 +393,15 @@ class Registry:
         if entry is None:
             entry = self._packets.get(op.overloadpacket)
             if entry is None:
-                entry = self._named.get(op._schema.name) if self._named else None
+                entry = self._named_entry(op) if self._named else None
                 if entry is None:
                     entry = self._estimate(op)
         return entry
+
+    def _named_entry(self, op: OpOverload) -> Optional[Entry]:
+        name = op._schema.name
+        entry = self._named.get(f"{name}.{op._overloadname}")
+        return entry if entry is not None else self._named.get(name)
 
     def _estimate(self, op: OpOverload) -> Entry:
         if self._tag_estimates:
@@ -383,7 +415,7 @@ class Registry:
         """Whether ``op`` is classified: a formula or declared no-arithmetic. Estimates do not
         count: they are a fallback, not a classification. A qualified name answers for the
         op it names, False while no such op exists (a formula registered for it waits)."""
-        op = _as_op(op)
+        op = _as_op(op, lazy=True)  # a name of no op (yet) is an answer here: False
         if isinstance(op, str):
             packet = _existing(op)
             if packet is None:

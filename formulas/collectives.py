@@ -35,6 +35,7 @@ arithmetic: local copies into and out of the flat all-gather / reduce-scatter bu
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -60,6 +61,10 @@ c10d = _Namespace("c10d")
 functional = _Namespace("_c10d_functional")
 functional_autograd = _Namespace("_c10d_functional_autograd")
 dtensor = _Namespace("_dtensor")
+
+
+# names of ops not registered yet wait for them (lazy): torch.distributed's modules define them
+_collective = functools.partial(REGISTRY.collective, lazy=True)
 
 
 def _nbytes(shape, dtype) -> int:
@@ -95,7 +100,7 @@ def _cost(comm: int, read: int, written: int, alg: int) -> Cost:
 
 
 # -- all-reduce -----------------------------------------------------------------------------
-@REGISTRY.collective([c10d.allreduce_, c10d.allreduce_coalesced_, functional.all_reduce,
+@_collective([c10d.allreduce_, c10d.allreduce_coalesced_, functional.all_reduce,
                       functional.all_reduce_, functional.all_reduce_coalesced,
                       functional.all_reduce_coalesced_])
 def all_reduce(tensors, *rest, out_shape, dtypes, group_size):
@@ -105,13 +110,13 @@ def all_reduce(tensors, *rest, out_shape, dtypes, group_size):
 
 
 # -- all-gather -----------------------------------------------------------------------------
-@REGISTRY.collective(c10d._allgather_base_)
+@_collective(c10d._allgather_base_)
 def allgather_base(output, input, *rest, out_shape, dtypes, group_size):
     size = _nbytes(output, dtypes[0])  # output: [n * rows, ...], the gathered buffer
     return _cost(gather_bytes(size, group_size), _nbytes(input, dtypes[1]), size, size)
 
 
-@REGISTRY.collective([c10d.allgather_, c10d.allgather_coalesced_,
+@_collective([c10d.allgather_, c10d.allgather_coalesced_,
                       c10d.allgather_into_tensor_coalesced_])
 def allgather_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
     # outputs: a list of n tensors per input (a list of lists), or one gathered tensor per
@@ -121,7 +126,7 @@ def allgather_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
     return _cost(gather_bytes(size, group_size), _nbytes(inputs, dtypes[1]), size, size)
 
 
-@REGISTRY.collective([functional.all_gather_into_tensor, functional.all_gather_into_tensor_out,
+@_collective([functional.all_gather_into_tensor, functional.all_gather_into_tensor_out,
                       functional.all_gather_into_tensor_coalesced,
                       functional_autograd.all_gather_into_tensor])
 def all_gather_into_tensor(input, *rest, out_shape, dtypes, group_size):
@@ -131,20 +136,20 @@ def all_gather_into_tensor(input, *rest, out_shape, dtypes, group_size):
 
 
 # -- reduce-scatter -------------------------------------------------------------------------
-@REGISTRY.collective(c10d._reduce_scatter_base_)
+@_collective(c10d._reduce_scatter_base_)
 def reduce_scatter_base(output, input, *rest, out_shape, dtypes, group_size):
     size = _nbytes(input, dtypes[1])  # input: the unscattered buffer
     return _cost(gather_bytes(size, group_size), size, _nbytes(output, dtypes[0]), size)
 
 
-@REGISTRY.collective([c10d.reduce_scatter_, c10d.reduce_scatter_tensor_coalesced_])
+@_collective([c10d.reduce_scatter_, c10d.reduce_scatter_tensor_coalesced_])
 def reduce_scatter_lists(outputs, inputs, *rest, out_shape, dtypes, group_size):
     dtype = _first(dtypes[0])
     size = _nbytes(inputs, dtype)
     return _cost(gather_bytes(size, group_size), size, _nbytes(outputs, dtypes[0]), size)
 
 
-@REGISTRY.collective([functional.reduce_scatter_tensor, functional.reduce_scatter_tensor_out,
+@_collective([functional.reduce_scatter_tensor, functional.reduce_scatter_tensor_out,
                       functional.reduce_scatter_tensor_coalesced,
                       functional_autograd.reduce_scatter_tensor])
 def reduce_scatter_tensor(input, *rest, out_shape, dtypes, group_size):
@@ -165,7 +170,7 @@ def _own_chunk(shape, dtype, splits, n: int, r: int) -> int:
     return splits[r] * (size // shape[0] if shape[0] else 0)
 
 
-@REGISTRY.collective(c10d.alltoall_)
+@_collective(c10d.alltoall_)
 def alltoall(outputs, inputs, *rest, out_shape, dtypes, group_size, group_rank):
     # inputs: one tensor per rank (its own at group_rank, which never leaves)
     size = _nbytes(inputs, dtypes[1])  # everything this rank sends, its own chunk included
@@ -173,7 +178,7 @@ def alltoall(outputs, inputs, *rest, out_shape, dtypes, group_size, group_rank):
     return _cost(size - own, size, _nbytes(outputs, dtypes[0]), size)
 
 
-@REGISTRY.collective(c10d.alltoall_base_)
+@_collective(c10d.alltoall_base_)
 def alltoall_base(output, input, process_group, output_split_sizes, input_split_sizes, *rest,
                   out_shape, dtypes, group_size, group_rank):
     size = _nbytes(input, dtypes[1])
@@ -181,7 +186,7 @@ def alltoall_base(output, input, process_group, output_split_sizes, input_split_
     return _cost(size - own, size, _nbytes(output, dtypes[0]), size)
 
 
-@REGISTRY.collective([functional.all_to_all_single, functional_autograd.all_to_all_single])
+@_collective([functional.all_to_all_single, functional_autograd.all_to_all_single])
 def all_to_all_single(input, output_split_sizes, input_split_sizes, *rest, out_shape, dtypes,
                       group_size, group_rank):
     size = _nbytes(input, dtypes[0])
@@ -189,7 +194,7 @@ def all_to_all_single(input, output_split_sizes, input_split_sizes, *rest, out_s
     return _cost(size - own, size, math.prod(out_shape) * dtypes[0].itemsize, size)
 
 
-@REGISTRY.collective(dtensor.shard_dim_alltoall)
+@_collective(dtensor.shard_dim_alltoall)
 def shard_dim_alltoall(input, *rest, out_shape, dtypes, group_size):
     size = _nbytes(input, dtypes[0])  # split evenly across the group
     return _cost(gather_bytes(size, group_size), size,
@@ -197,14 +202,14 @@ def shard_dim_alltoall(input, *rest, out_shape, dtypes, group_size):
 
 
 # -- one to all, all to one (root_rank: the root's rank in the group) -----------------------
-@REGISTRY.collective(c10d.broadcast_)
+@_collective(c10d.broadcast_)
 def broadcast(tensors, process_group, root_rank, *rest, out_shape, dtypes, group_size,
               group_rank):
     size = _nbytes(tensors, dtypes[0])
     return _cost(_chain_bytes(size, group_size, group_rank, root_rank), size, size, size)
 
 
-@REGISTRY.collective([functional.broadcast, functional.broadcast_])
+@_collective([functional.broadcast, functional.broadcast_])
 def functional_broadcast(input, src, *rest, out_shape, dtypes, group_size, group_rank):
     size = _nbytes(input, dtypes[0])
     return _cost(_chain_bytes(size, group_size, group_rank, src), size, size, size)
@@ -216,7 +221,7 @@ def _chain_bytes(size: int, n: int, r: int, root: int) -> int:
     return 0 if n <= 1 or r == (root - 1) % n else size
 
 
-@REGISTRY.collective(c10d.reduce_)
+@_collective(c10d.reduce_)
 def reduce(tensors, process_group, reduce_op, root_rank, *rest, out_shape, dtypes,
            group_size, group_rank):
     # pipelined along the chain that ends at the root: every rank sends the buffer but it
@@ -224,7 +229,7 @@ def reduce(tensors, process_group, reduce_op, root_rank, *rest, out_shape, dtype
     return _cost(0 if group_rank == root_rank else size, size, size, size)
 
 
-@REGISTRY.collective(c10d.gather_)
+@_collective(c10d.gather_)
 def gather(outputs, inputs, process_group, root_rank, *rest, out_shape, dtypes, group_size,
            group_rank):
     sent = _nbytes(inputs, dtypes[1])
@@ -233,7 +238,7 @@ def gather(outputs, inputs, process_group, root_rank, *rest, out_shape, dtypes, 
     return _cost(comm, sent, received, sent * group_size)
 
 
-@REGISTRY.collective(c10d.scatter_)
+@_collective(c10d.scatter_)
 def scatter(outputs, inputs, process_group, root_rank, *rest, out_shape, dtypes, group_size,
             group_rank):
     received = _nbytes(outputs, dtypes[0])
@@ -243,19 +248,19 @@ def scatter(outputs, inputs, process_group, root_rank, *rest, out_shape, dtypes,
 
 
 # -- point to point, barriers, waits --------------------------------------------------------
-@REGISTRY.collective([c10d.send, functional.isend])
+@_collective([c10d.send, functional.isend])
 def send(tensors, *rest, out_shape, dtypes):
     size = _nbytes(tensors, dtypes[0])
     return _cost(size, size, 0, size)
 
 
-@REGISTRY.collective([c10d.recv_, c10d.recv_any_source_, functional.irecv])
+@_collective([c10d.recv_, c10d.recv_any_source_, functional.irecv])
 def recv(tensors, *rest, out_shape, dtypes):
     size = _nbytes(tensors, dtypes[0])
     return _cost(0, 0, size, size)
 
 
-@REGISTRY.collective(functional.batch_p2p_ops)
+@_collective(functional.batch_p2p_ops)
 def batch_p2p_ops(op_list, peer_list, tag_list, tensors, *rest, out_shape, dtypes):
     sent = sum(_nbytes(t, d) for op, t, d in zip(op_list, tensors, dtypes[3]) if op == "isend")
     received = sum(_nbytes(t, d) for op, t, d in zip(op_list, tensors, dtypes[3])
@@ -264,19 +269,19 @@ def batch_p2p_ops(op_list, peer_list, tag_list, tensors, *rest, out_shape, dtype
     return _cost(sent, sent, received, max(sent, received))
 
 
-@REGISTRY.collective([c10d.barrier, c10d.monitored_barrier_, functional.wait_tensor])
+@_collective([c10d.barrier, c10d.monitored_barrier_, functional.wait_tensor])
 def synchronise(*args, out_shape):
     # waits for the others (or, wait_tensor, for an async collective's result): no bytes
     return _cost(0, 0, 0, 0)
 
 
-@REGISTRY.formula(c10d.check_for_nan)
+@REGISTRY.formula(c10d.check_for_nan, lazy=True)
 def check_for_nan(tensor, *rest, out_shape):
     return Cost(math.prod(tensor), 0, bytes_written=0)  # one test per element
 
 
 REGISTRY.no_arithmetic([functional._wrap_tensor_autograd, dtensor.mesh_get_process_group],
-                       Movement.NONE)
+                       Movement.NONE, lazy=True)
 
 
 # -- FSDP2's copy-in / copy-out (registered when torch.distributed.fsdp is imported) --------
@@ -306,4 +311,4 @@ fsdp = _Namespace("fsdp")
 for _op, _formula in ((fsdp.all_gather_copy_in, _all_gather_copy_in),
                       (fsdp.split_with_sizes_copy, _split_with_sizes_copy),
                       (fsdp.chunk_cat, _chunk_cat), (fsdp.copy_, _fsdp_copy)):
-    REGISTRY.no_arithmetic(_op, Movement.COPY, bytes=_formula)
+    REGISTRY.no_arithmetic(_op, Movement.COPY, bytes=_formula, lazy=True)

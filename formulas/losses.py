@@ -220,3 +220,61 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
     distance = n * (2 + ELEMENT_COSTS[key]) + rows * (p != 1)
     distances = 3 if swap else 2
     return Cost(distances * distance + rows * (3 + swap) + reduced(rows, reduction))
+
+
+# ---- CTC (aten/src/ATen/native/LossCTC.cpp, the CPU kernels; wav2vec2's training loss) ----
+# One cell of the alpha (or beta) recursion: log(exp(a - m) + exp(b - m) + exp(c - m)) + m
+# + log_prob, with m the largest of the (up to) three: 3 comparisons (two for the max, one
+# for m = -inf), 3 subtracts, 3 exps, 2 adds, a log, 2 adds
+CTC_CELL = 14
+# the loss of a sequence: the log-add-exp of the last two cells (a max, a test for -inf, 2
+# subtracts, 2 exps, an add, a log, an add) and its negation
+CTC_LOSS = 10
+# backward, per (time, extended label): alpha + beta (1) log-added into that label's
+# gradient (a test for the first, then 8 as above)
+CTC_GRADIENT_CELL = 10
+# backward, per (time, class): (exp(lp) - exp(res + nll - lp)) * grad_out
+CTC_GRADIENT_CLASS = 6
+
+
+def _ctc_lengths(input_lengths, target_lengths, alpha, int_values, at: int):
+    """Each sequence's (frames, labels): the lengths given as ints, read from small CPU
+    tensors (``int_values``), else the padded sizes (a bound: ``log_alpha`` is
+    [batch, frames, 2 * labels + 1])."""
+    batch, frames, extended = alpha if len(alpha) == 3 else (1, *alpha)
+
+    def values(given, position):
+        if isinstance(given, (list, tuple)) and not isinstance(given, torch.Size):
+            return list(given)
+        read = int_values[position] if int_values and position < len(int_values) else None
+        return list(read) if read is not None else None
+
+    inputs, targets = values(input_lengths, at), values(target_lengths, at + 1)
+    if inputs is None or len(inputs) != batch:
+        inputs = [frames] * batch
+    if targets is None or len(targets) != batch:
+        targets = [(extended - 1) // 2] * batch
+    return list(zip(inputs, targets)), batch
+
+
+@register_formula(aten._ctc_loss)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, out_shape,
+             int_values=None, **kw) -> Cost:
+    # log_probs: [T, N, C]; a sequence of t frames and l labels runs t - 1 steps of the
+    # recursion over its 2l + 1 extended labels (blanks between and around the labels)
+    lengths, batch = _ctc_lengths(input_lengths, target_lengths, out_shape[1], int_values, 2)
+    cells = sum(max(t - 1, 0) * (2 * l + 1) for t, l in lengths)
+    return Cost(cells * CTC_CELL + batch * CTC_LOSS)
+
+
+@register_formula(aten._ctc_loss_backward)
+def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, *args,
+                      out_shape, int_values=None, **kw) -> Cost:
+    # the beta recursion (as alpha's), then each (frame, extended label) log-added into its
+    # class's gradient, then each (frame, class) of the gradient
+    alpha = args[1]  # after the lengths: neg_log_likelihood, log_alpha, blank, zero_infinity
+    lengths, batch = _ctc_lengths(input_lengths, target_lengths, alpha, int_values, 3)
+    classes = log_probs[-1]
+    flops = sum(max(t - 1, 0) * (2 * l + 1) * CTC_CELL + t * (2 * l + 1) * CTC_GRADIENT_CELL
+                + t * classes * CTC_GRADIENT_CLASS for t, l in lengths)
+    return Cost(flops + batch)  # + the zero_infinity test per sequence

@@ -114,12 +114,12 @@ def grouped_mm(a, b, *args, out_shape, **kwargs) -> Cost:
 # transformers' stand-in for _grouped_mm where torch has none (torch < 2.9 on CPU): input
 # [rows, k], weight [experts, k, n], offs the experts' row ends; one mm per expert's rows.
 # Named, not imported: the op exists once transformers' MoE integration is imported.
-@register_formula("transformers::grouped_mm_fallback")
+@register_formula("transformers::grouped_mm_fallback", lazy=True)
 def transformers_grouped_mm(x, weight, offs, *, out_shape, **kwargs) -> Cost:
     return _with_bias(numel(out_shape) * x[-1], 0)
 
 
-@register_formula("transformers::grouped_mm_fallback_backward")
+@register_formula("transformers::grouped_mm_fallback_backward", lazy=True)
 def transformers_grouped_mm_backward(x, weight, offs, grad_out, *, out_shape, **kwargs) -> Cost:
     # grad_input = grad_out @ weight[e].T and grad_weight[e] = x.T @ grad_out over each
     # expert's rows: each rows x k x n

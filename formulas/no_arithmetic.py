@@ -103,7 +103,7 @@ CONVERSION_OPS = _ops(
     _nested_tensor_from_mask nested_to_padded_tensor _nested_from_padded_and_nested_example
     _jagged_to_padded_dense_forward _padded_dense_to_jagged_forward _nested_get_values_copy
     _nested_view_from_buffer_copy _nested_view_from_jagged_copy _nested_select_backward
-    _nested_sum_backward _pack_padded_sequence _pack_padded_sequence_backward
+    _nested_sum_backward _pack_padded_sequence _pack_padded_sequence_backward _pad_packed_sequence
     """
 )
 # views of what a sparse or nested tensor stores

@@ -206,3 +206,23 @@ def softmax_composite(x, dim, *args, out_shape, **kw) -> Cost:
 @register_formula(aten.log_softmax)
 def log_softmax_composite(x, dim, *args, out_shape, **kw) -> Cost:
     return log_softmax(x, dim, False, out_shape=out_shape)
+
+
+# Weight normalisation (wav2vec2, HuBERT: torch.nn.utils.weight_norm's fused kernel):
+# w = g * v / ||v||, the norm over every dim of v but `dim`; v: E elements, g and the norms: G
+@register_formula(aten._weight_norm_interface)
+def weight_norm(v, g, dim=0, *, out_shape, **kw) -> Cost:
+    e, n = numel(v), numel(g)
+    # the norms: square and sum per element of v, a sqrt per norm; g / norm per norm; then
+    # times v per element
+    return Cost(e * ELEMENT_COSTS["norm_2"] + n * (ELEMENT_COSTS["sqrt"] + ELEMENT_COSTS["div"])
+                + e * ELEMENT_COSTS["mul"])
+
+
+@register_formula(aten._weight_norm_interface_backward)
+def weight_norm_backward(grad_w, v, g, norms, dim, *, out_shape, **kw) -> Cost:
+    e, n = numel(v), numel(g)
+    # a = sum(grad_w * v) per norm (2 per element of v); grad_g = a / norm, g / norm and
+    # grad_g / norm (3 per norm); grad_v = (g / norm) * (grad_w - v * (grad_g / norm)) (3 per
+    # element of v)
+    return Cost(5 * e + 3 * n)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ._registry import Cost, namespace, register_formula
 from ._shapes import first_numel, list_numel, numel
 from .costs import ELEMENT_COSTS
@@ -152,3 +154,24 @@ def searchsorted(sorted_sequence, queries, *args, out_shape, **kwargs) -> Cost:
 def bucketize(queries, boundaries, *args, out_shape, **kwargs) -> Cost:
     n = boundaries[-1] if len(boundaries) else 1
     return Cost(first_numel(out_shape) * _log2_ceil(n + 1) * ELEMENT_COSTS["comparison"])
+
+
+# torch's switch (aten/src/ATen/native/TensorCompare.cpp, isin_Tensor_Tensor_out): a test
+# set smaller than 10 * E^0.145 is searched element by element, a larger one by sorting
+def isin_sorts(elements: int, tests: int) -> bool:
+    return tests >= 10.0 * float(elements) ** 0.145
+
+
+@register_formula(aten.isin)
+def isin(elements, test_elements, *args, out_shape, **kwargs) -> Cost:
+    # isin.Tensor_Tensor(elements, test_elements); .Tensor_Scalar and .Scalar_Tensor give a
+    # number for one side: a set (or a query) of one
+    e = numel(elements) if isinstance(elements, torch.Size) else 1
+    t = numel(test_elements) if isinstance(test_elements, torch.Size) else 1
+    if isinstance(elements, torch.Size) and isinstance(test_elements, torch.Size) and \
+            isin_sorts(e, t):
+        # a sort of both sets together, then each sorted neighbour compared once
+        n = e + t
+        return Cost(n * _log2_ceil(n) * ELEMENT_COSTS["comparison"] + (n - 1))
+    # element by element: a comparison and an or per (element, test element) pair
+    return Cost(e * t * (ELEMENT_COSTS["eq"] + ELEMENT_COSTS["logical_or"]))

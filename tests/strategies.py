@@ -207,3 +207,20 @@ def batch_builders(draw):
         return value
 
     return build
+
+
+# names a user's model (or a received JSON file) may hold: any text, weighted to what acts on
+# a terminal (escapes, C1 controls, bidi overrides, line breaks) or a spreadsheet (= + - @)
+HOSTILE = ["\x1b[1A", "\x1b[2K", "\x1b]0;title\x07", "\u202e", "\u2066", "\u200f", "\n", "\r",
+           "\t", "\x00", "\x7f", "\x85", "\x9b", "\u2028", "\u2029", "\ud800", "\xa0", "\u3000",
+           " ", "=", "+", "-", "@", "'", '"', ",", "=cmd|' /C calc'!A0", "@SUM(A1)", "=1+1", "-5",
+           "é", "中"]
+
+
+@st.composite
+def module_names(draw, count=2):
+    """``count`` distinct names ``nn.Module.add_module`` takes: no "." and not empty."""
+    part = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=3))
+    name = st.lists(part, min_size=1, max_size=4).map("".join).filter(
+        lambda s: s and "." not in s)
+    return draw(st.lists(name, min_size=count, max_size=count, unique=True))

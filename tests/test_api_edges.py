@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dispatch_flops import Cost, FlopCounter, has_formula, register_formula
-from dispatch_flops.formulas import Movement, Registry
+from dispatch_flops.formulas import Category, Movement, Registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,9 +45,7 @@ def test_a_name_registered_before_its_op_exists_is_classified_once_it_does():
     """A formula may wait for an op registered later (on an import): the registry takes the
     name, and says the op is classified only from when it exists."""
     reg = Registry()
-    reg.formula("dispatch_flops_edges::later")(lambda x, *, out_shape: Cost(x[0]))
-    reg.formula("aten::no_such_op")(lambda x, *, out_shape: Cost(1))
-    assert not reg.has("aten::no_such_op")  # a misspelt or missing op: nothing classified
+    reg.formula("dispatch_flops_edges::later", lazy=True)(lambda x, *, out_shape: Cost(x[0]))
     assert not reg.has("dispatch_flops_edges::later")
 
     lib = torch.library.Library("dispatch_flops_edges", "DEF")  # noqa: TOR901
@@ -59,6 +57,45 @@ def test_a_name_registered_before_its_op_exists_is_classified_once_it_does():
     with FlopCounter(registry=reg) as fc:
         torch.ops.dispatch_flops_edges.later(torch.ones(7))
     assert fc.total.flops == 7
+
+
+@pytest.mark.parametrize("register", [
+    lambda reg, name: reg.formula(name)(lambda *a, out_shape: Cost(1)),
+    lambda reg, name: reg.no_arithmetic(name, Movement.COPY),
+    lambda reg, name: reg.collective(name)(lambda *a, out_shape: Cost(0)),
+])
+@pytest.mark.parametrize("name", ["aten::no_such_op", "aten::mm.no_such_overload",
+                                  "dispatch_flops_nowhere::op"])
+def test_a_name_of_no_op_is_refused_unless_registered_lazily(register, name):
+    """A misspelt name would never fire: it is a ValueError saying how to name an op whose
+    library loads later (lazy=True), and the registry is left as it was."""
+    reg = Registry()
+    with pytest.raises(ValueError, match="no op named|has no overload") as raised:
+        register(reg, name)
+    assert "lazy=True" in str(raised.value) or "overloads: " in str(raised.value)
+    assert reg.version == 0 and not reg.has(name)
+
+
+def test_a_name_of_an_existing_op_is_that_op():
+    """"aten::mm" registers aten.mm (a duplicate of the packet's formula is refused) and
+    "aten::cos.default" its overload, which the lookup finds."""
+    reg = Registry()
+    reg.formula("aten::mm")(lambda a, b, *, out_shape: Cost(7))
+    with pytest.raises(ValueError, match="already registered"):
+        reg.formula(torch.ops.aten.mm)(lambda a, b, *, out_shape: Cost(7))
+    reg.formula("aten::cos.default")(lambda a, *, out_shape: Cost(3))
+    assert reg.lookup(torch.ops.aten.cos.default).category == Category.EXACT
+    assert reg.lookup(torch.ops.aten.cos.out).category != Category.EXACT
+
+
+def test_a_lazy_overload_name_prices_only_that_overload():
+    reg = Registry()
+    reg.formula("dispatch_flops_lazy::op.twice", lazy=True)(lambda x, *, out_shape: Cost(2))
+    lib = torch.library.Library("dispatch_flops_lazy", "DEF")  # noqa: TOR901
+    lib.define("op(Tensor x) -> Tensor")
+    lib.define("op.twice(Tensor x, int n) -> Tensor")
+    assert reg.lookup(torch.ops.dispatch_flops_lazy.op.twice).category == Category.EXACT
+    assert reg.lookup(torch.ops.dispatch_flops_lazy.op.default).category == Category.UNSUPPORTED
 
 
 def test_has_formula_of_a_name_with_no_op_is_false():

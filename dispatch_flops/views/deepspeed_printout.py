@@ -25,6 +25,7 @@ from dispatch_flops.results.stats import (
     Stats,
     depth_of,
 )
+from dispatch_flops.views.escape import printable, safe_lines
 
 _WIDTH = 60  # DeepSpeed's "{:<60}  {:<8}" summary lines
 _RULE = "-" * 78
@@ -295,7 +296,7 @@ class ProfileView:
                 else:
                     shown = self._tree(child, child_name, depth + 1, module_depth, module_ops,
                                        name_of)
-                children.append(f"({key}): " + shown.replace("\n", "\n  "))
+                children.append(f"({printable(key)}): " + shown.replace("\n", "\n  "))
         if not children:
             return f"{module._get_name()}({own})"
         return f"{module._get_name()}(\n  " + "\n  ".join([own] + children) + "\n)"
@@ -308,4 +309,5 @@ class ProfileView:
         if detailed:
             lines += self.detailed(module_depth, module_ops)
         lines.append(_RULE)
-        return "\n".join(lines) + "\n"
+        # module names and reprs are the user's: nothing in them acts on the terminal
+        return safe_lines("\n".join(lines)) + "\n"

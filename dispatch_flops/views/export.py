@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections import defaultdict
 
 from dispatch_flops.results.schema import PathLike, write_text
@@ -67,11 +68,28 @@ def rows(profile) -> list[dict]:
     return out
 
 
+# A cell a spreadsheet reads as a formula (OWASP's CSV injection: one that starts with one of
+# these) is written after a single quote, which spreadsheets show as text; a module named
+# "=cmd|' /C calc'!A0" would otherwise run when the file is opened. Numbers stay numbers.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def spreadsheet_safe(cell):
+    """``cell``, or, for a text a spreadsheet would read as a formula, the text after a
+    single quote (a number, or a text that is one, is left as it is)."""
+    if isinstance(cell, str) and cell.startswith(_FORMULA_STARTS) and \
+            not _NUMBER.fullmatch(cell):
+        return "'" + cell
+    return cell
+
+
 def write_csv(profile, path: PathLike) -> None:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
     writer.writeheader()
-    writer.writerows(rows(profile))  # None (no timing) is written as an empty cell
+    # None (no timing) is written as an empty cell; names as spreadsheets read them safely
+    writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows(profile))
     write_text(path, buffer.getvalue())
 
 

@@ -40,6 +40,7 @@ from dispatch_flops.results.stats import (
     UNSUPPORTED,
     depth_of,
 )
+from dispatch_flops.views.escape import cell, printable, safe_lines
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
 GROUPS = (None, "type")  # table(group=...): a row per module, or per module class
@@ -119,7 +120,7 @@ def _timed(cell: Callable) -> Callable:
 # module's name says) is the first to go, then the least needed figures.
 COLUMNS: tuple = (
     Column("module", "Module", "Module", 0, lambda run, name, m: name),  # laid out apart
-    Column("type", "Type", "Type", 16, lambda run, name, m: run.types.get(name, ""),
+    Column("type", "Type", "Type", 16, lambda run, name, m: cell(run.types.get(name, "")),
            lambda run: not run.by_type),
     Column("calls", "Calls", "Calls", 7, _calls),
     Column("params", "Params", "Params", 9, lambda run, name, m: human(m.params)),
@@ -228,7 +229,7 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
     shown = set(names)
     for name in names:
         if name == ROOT:  # the model's class name: as long as a class name can be
-            labels[name] = _shortened(root_label, limit)
+            labels[name] = _shortened(cell(root_label), limit)
             continue
         parts = name.split(".")
         relative = name
@@ -236,7 +237,7 @@ def _labels(names: list, root_label: str, limit: Optional[int]) -> dict:
             if ".".join(parts[:cut]) in shown:
                 relative = ".".join(parts[cut:])
                 break
-        labels[name] = _shortened("· " * (depth_of(name) - 1) + relative, limit)
+        labels[name] = _shortened("· " * (depth_of(name) - 1) + cell(relative), limit)
     return labels
 
 
@@ -283,8 +284,10 @@ def module_table(counter, depth: int = 2, *, columns: Optional[Sequence[str]] = 
         [n for n in counter.module_names() if depth_of(n) <= depth and n in modules]
     table, shown = _fitted(run, names, chosen, fit, ops, droppable=columns is None)
     footer = _footer(counter, by_phase, names, modules, {c.key for c in shown})
-    # prose lines wrap at the same width
-    return "\n".join([table] + [part for line in footer for part in wrapped(line, fit)])
+    # prose lines wrap at the same width; names reach the notes too (ops, errors): nothing in
+    # them acts on the terminal
+    return safe_lines("\n".join([table] + [part for line in footer
+                                           for part in wrapped(printable(line), fit)]))
 
 
 def _chosen(columns, available: list, run) -> list:
@@ -371,7 +374,7 @@ def _op_rows(run, name: str, m, chosen: list, ops: int) -> list:
               "percent": lambda s: _percent(s.flops, run.total),
               "read": lambda s: human(s.bytes_read, "B"),
               "written": lambda s: human(s.bytes_written, "B")}
-    return [[indent + op] + [per_op[c.key](stats) if c.key in per_op else ""
+    return [[indent + printable(op)] + [per_op[c.key](stats) if c.key in per_op else ""
                              for c in chosen[1:]]
             for op, stats in top if stats.flops]
 

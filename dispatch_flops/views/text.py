@@ -8,15 +8,17 @@ reads its object's public fields only."""
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from statistics import mean
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, cast
 
 from tabulate import tabulate
 
 from dispatch_flops.results import conventions, experts, utilisation
 from dispatch_flops.results.format import duration, human, percent, scientific
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike, Roofline
+from dispatch_flops.views.escape import printable, safe_lines
 from dispatch_flops.views.table import check_width, wrapped
 
 if TYPE_CHECKING:  # types only: a view never imports the workflows above it
@@ -27,6 +29,16 @@ if TYPE_CHECKING:  # types only: a view never imports the workflows above it
 
 # a generation's row labels: workflows.generation's ENCODER, PREFILL and DECODE
 _ENCODER, _PREFILL, _DECODE = "encoder", "prefill", "decode"
+
+_Text = TypeVar("_Text", bound=Callable[..., str])
+
+
+def _escaped(view: _Text) -> _Text:
+    """A text view whose names (layers, models, devices) print nothing a terminal acts on."""
+    @functools.wraps(view)
+    def safe(*args, **kwargs) -> str:
+        return safe_lines(view(*args, **kwargs))
+    return cast(_Text, safe)
 
 
 def _fitted(headers: list, rows: list, width: int, drop: Sequence[str],
@@ -78,6 +90,7 @@ def _prose(lines: list, width: int) -> list:
 
 
 # -- results (through the presenter) ---------------------------------------------------------
+@_escaped
 def experts_table(profile: Profile, width: Optional[int] = None) -> str:
     """One line per MoE layer: experts, tokens, min / mean / max tokens per expert, the
     imbalance (max / mean), idle experts, padding; layer names shortened to fit ``width``
@@ -87,7 +100,8 @@ def experts_table(profile: Profile, width: Optional[int] = None) -> str:
         return "No MoE layers (no module matched the expert rules: docs/distributed.md)"
     figures = 74  # the columns after the layer's name
     limit = max(len("Layer"), check_width(width) - figures)
-    stats = {_cut(layer, limit): s for layer, s in stats.items()}
+    # aligned as printed: escaped first, then cut
+    stats = {_cut(printable(layer), limit): s for layer, s in stats.items()}
     width = max(len("Layer"), *(len(s) for s in stats))
     lines = [f"{'Layer':<{width}}  Experts  Calls  Tokens    Min     Mean     Max  Max/mean"
              "  Idle  Padding"]
@@ -106,6 +120,7 @@ def _grouped(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:,.1f}"
 
 
+@_escaped
 def conventions_table(c: conventions.Conventions, width: Optional[int] = None) -> str:
     """The table: a header saying what the formulas read, one line per convention (notes
     indented below it), then the differences; within ``width`` (the terminal's), at most
@@ -157,6 +172,7 @@ def conventions_table(c: conventions.Conventions, width: Optional[int] = None) -
     return "\n".join(lines)
 
 
+@_escaped
 def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
                      device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
                      flops: str) -> str:
@@ -174,6 +190,7 @@ def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
 
 
 # -- workflows (called directly) -------------------------------------------------------------
+@_escaped
 def generation_roofline_table(roof: GenerationRoofline, width: Optional[int] = None) -> str:
     """A row per step (prefill, then each decode step): flops per byte, the compute, memory
     and attainable times, the bound and (timing on) the measured time and the attainable /
@@ -211,6 +228,7 @@ def _roofline_text(roof, rows: list, first: str, timed: bool,
                       + [table] + _prose([repr(roof)], fit))
 
 
+@_escaped
 def generation_table(gp: GenerationProfile, width: Optional[int] = None) -> str:
     """Prefill, the first, mean and last decode step, and how much a decode step grows per
     token; the encoder and the work outside the model's calls when there is any."""
@@ -311,6 +329,7 @@ def _passes(step) -> str:
     return " + ".join(str(b) for b in step.batches)
 
 
+@_escaped
 def pipeline_table(pp: PipelineProfile, width: Optional[int] = None) -> str:
     """The components and denoising steps of a pipeline in the order they first ran (more
     than ``PIPELINE_STEPS_SHOWN`` steps: the first, the mean and the last), the work outside
@@ -357,6 +376,7 @@ def pipeline_table(pp: PipelineProfile, width: Optional[int] = None) -> str:
                      + _prose([notes], fit))
 
 
+@_escaped
 def pipeline_roofline_table(roof: PipelineRoofline, width: Optional[int] = None) -> str:
     """A row per component and per denoising step in the order they ran, and the work
     outside them; under it the roofline's one line (its repr)."""
@@ -378,6 +398,7 @@ def _flops(n: float) -> str:
     return f"{n:.4g} FLOP"
 
 
+@_escaped
 def throughput_text(reading: ThroughputReading) -> str:
     """One line: timed steps, s/step, tokens/s, model and hardware flops per step, MFU / HFU
     and their peak (or why there is none), then the steps left out of the figures."""

@@ -7,6 +7,7 @@ from typing import Optional
 
 from dispatch_flops.results.stats import depth_of
 from dispatch_flops.results.torch_figures import TORCH_GLOBAL
+from dispatch_flops.views.escape import printable
 
 _SUFFIXES = ("", "K", "M", "B", "T")  # torch's table units
 
@@ -43,8 +44,8 @@ def torch_table(flop_counts: dict, depth: Optional[int]) -> str:
         flops = sum(counts.values())
         subsumed |= flops >= total
         pad = " " * level
-        rows = [[pad + name, _with_suffix(flops, suffix), _percent(flops, total)]]
-        rows += [[pad + " - " + str(op), _with_suffix(v, suffix), _percent(v, total)]
+        rows = [[pad + printable(name), _with_suffix(flops, suffix), _percent(flops, total)]]
+        rows += [[pad + " - " + printable(str(op)), _with_suffix(v, suffix), _percent(v, total)]
                  for op, v in counts.items()]
         return rows
 
