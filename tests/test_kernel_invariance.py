@@ -136,6 +136,10 @@ def kernel_call(kernel: str, kind: str, allowed, h_kv: int, dropout: float, back
         return None  # the raw kernel takes a mask or a causal type (SDPA passes is_causal)
     if dropout and kernel == "cpu flash":
         return None  # no dropout on the CPU flash kernel: torch runs the math decomposition
+    if kernel == "cpu flash" and backward and h_kv != q.shape[1] and torch.__version__ < "2.9":
+        # torch 2.8's CPU flash backward aborts the process (Fatal Python error) on GQA
+        # shapes; its SDPA runs the math decomposition for them instead
+        return None
     mask = None
     if has_mask:
         base = "bool" if kind == "bool+is_causal" else kind
@@ -253,6 +257,13 @@ def _oracle(mask: torch.Tensor, b, h, s_q, s_k, is_causal) -> int:
     return n
 
 
+# torch 2.8's SDPA refuses an explicit mask with is_causal=True (a RuntimeError): the double
+# subtraction these tests guard against cannot happen there
+_MASK_WITH_CAUSAL = pytest.mark.skipif(
+    torch.__version__ < "2.9", reason="torch 2.8's SDPA refuses attn_mask with is_causal=True")
+
+
+@_MASK_WITH_CAUSAL
 def test_an_all_false_mask_with_is_causal_masks_every_pair_once():
     """The case of issue 43: an all-False 8x8 mask with is_causal gave model flops -580."""
     q = torch.randn(1, 1, 8, 4)
@@ -263,6 +274,7 @@ def test_an_all_false_mask_with_is_causal_masks_every_pair_once():
     assert fc.model_flops() >= 0
 
 
+@_MASK_WITH_CAUSAL
 @pytest.mark.parametrize("s_q,s_k", [(8, 8), (6, 10), (10, 6)])
 @pytest.mark.parametrize("backward", [False, True])
 def test_a_mask_and_is_causal_count_the_pairs_both_keep(s_q, s_k, backward):
@@ -275,6 +287,9 @@ def test_a_mask_and_is_causal_count_the_pairs_both_keep(s_q, s_k, backward):
     assert stats.macs == 2 * 4 * s_q * s_k * per_pair
 
 
+@pytest.mark.skipif(torch.__version__ < "2.9", reason="torch 2.8 refuses a mask with "
+                    "is_causal and runs masked GQA calls on SDPA's math path; the test reads "
+                    "the fused kernel's row")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s_q=st.integers(1, 9), s_k=st.integers(1, 9), h_kv=st.sampled_from([1, 2]),
        is_causal=st.booleans(), additive=st.booleans(), density=st.floats(0.0, 1.0),
