@@ -18,6 +18,7 @@ A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.formulas import ELEMENT_COSTS
+from dispatch_flops.formulas.attention import recomputed_rates
 
 TALLY = 3  # a record's fourth slot, present on the records of ops that read masks
 
@@ -92,13 +94,17 @@ def has_values(t) -> bool:
 
 
 def rates(q, k, v, backward: bool, masked: bool) -> tuple[int, int]:
-    """(flops, MACs) of one (query, key) pair, as ``formulas.attention`` prices it."""
+    """(flops, MACs) of one (query, key) pair that a mask's values mask, as
+    ``formulas.attention`` prices a pair, less (backward) the recomputation the formula
+    already counts hardware-only for every pair it takes as unmasked (``recomputed_rates``)."""
     d, d_v = q[-1], v[-1]
     per_pair = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"] + int(masked)
     macs = d + d_v
     if backward:
         per_pair += ELEMENT_COSTS["softmax_backward"]
         macs = 3 * d + 2 * d_v
+        again_flops, again_macs = recomputed_rates(q, masked)
+        return 2 * macs + per_pair - again_flops, macs - again_macs
     return 2 * macs + per_pair, macs
 
 
@@ -190,9 +196,18 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
 # fallback): a softmax over the last dim whose input has masked entries (as an additive mask
 # leaves them), right after a contraction that produced as many scores: the masked entries'
 # share of that contraction (d MACs each), of the softmax (its per-element cost), and of the
-# contraction that next consumes the probabilities (d_v MACs each). Forward only: the backward
-# ops of such attention stay dense. The state is per thread: a contraction's last record, and
-# the masked probabilities waiting for their consumer.
+# contraction that next consumes the probabilities (d_v MACs each). The state is per thread:
+# a contraction's last record, and the masked probabilities waiting for their consumer.
+#
+# Backward (autograd of the same ops: SDPA's math decomposition in training) follows the
+# masked entries by storage: the probabilities autograd saved (the softmax output, its casts
+# and dropout product) and the scores' gradient the softmax backward makes are zero where the
+# forward masked, so each backward contraction that reads one of them (``grad_v = pᵀ·g``,
+# ``grad_q = g_s·k``, ``grad_kᵀ = qᵀ·g_s``) spends its masked entries' share on nothing, as
+# does the softmax backward and the contraction that made its incoming gradient
+# (``g_p = g·vᵀ``). These storages are kept process-wide (``_PAIRED``: autograd may run the
+# backward on another thread), a bounded number, each with its numel: a storage freed and
+# reused by a tensor of another size never matches.
 class _Eager(threading.local):
     def __init__(self):
         self.scores = None  # (record, numel, last dim, contraction dim) of the last bmm
@@ -200,9 +215,48 @@ class _Eager(threading.local):
         # its casts' (math casts the float32 probabilities to the inputs' half dtype, and may
         # multiply either copy by the contraction that follows)
         self.probs = None
+        self.recent: list = []  # the last few bmms' (record, numel, last dim, contraction)
 
 
 _EAGER = _Eager()
+_PAIRED: dict = {}  # storage pointer -> (the storage's weakref, numel, masked count)
+_PAIRED_PURGE = 1024  # past this many, entries of freed tensors are dropped
+_PAIRED_LOCK = threading.Lock()
+
+
+def _pair(t: Tensor, masked, forward: bool = True) -> None:
+    """Note ``t`` (zero where ``masked`` entries were masked) for the backward's contractions:
+    only where autograd will run a backward that reads it (a training forward), and only while
+    its storage lives (a weak reference: freed memory reused by another tensor never
+    matches; autograd saves an output as another tensor on the same storage)."""
+    if forward and not torch.is_grad_enabled():
+        return
+    with _PAIRED_LOCK:
+        if len(_PAIRED) >= _PAIRED_PURGE:
+            for ptr in [p for p, e in _PAIRED.items() if e[0]() is None]:
+                del _PAIRED[ptr]
+            while len(_PAIRED) >= 4 * _PAIRED_PURGE:
+                del _PAIRED[next(iter(_PAIRED))]
+        storage = t.untyped_storage()
+        _PAIRED[storage.data_ptr()] = (weakref.ref(storage), t.numel(), masked)
+
+
+def _paired(t) -> object:
+    """The masked count of ``t`` if its storage holds masked-zero pairs of its size, else None."""
+    if not _PAIRED or not isinstance(t, Tensor) or not has_values(t):
+        return None
+    found = _PAIRED.get(_storage(t))
+    if found is None or found[1] != t.numel() or found[0]() is None:
+        return None
+    return found[2]
+
+
+def _charge(rec, rate: tuple, masked) -> None:
+    found = rec[TALLY] if len(rec) > TALLY else None
+    if found is None:
+        rec.append(Tally(*rate))
+        found = rec[TALLY]
+    found.add(masked)
 
 
 def _storage(t: Tensor) -> int:
@@ -218,12 +272,32 @@ def _bmm_tally(rec, args, kwargs, out) -> None:
     if probs is not None and a.numel() == probs[1] and _storage(a) in probs[0]:
         _EAGER.probs = None
         d_v = b.shape[-1]
-        found = rec[TALLY] if len(rec) > TALLY else None
-        if found is None:
-            rec.append(Tally(2 * d_v, d_v))
-            found = rec[TALLY]
-        found.add(probs[2])
+        _charge(rec, (2 * d_v, d_v), probs[2])
+        _pair(a, probs[2])  # saved for backward, where grad_v = pᵀ·g reads it
+    elif (masked := _paired(a)) is not None:  # pᵀ·g, g_s·k: a's rows meet b's columns
+        _charge(rec, (2 * b.shape[-1], b.shape[-1]), masked)
+    elif (masked := _paired(b)) is not None:  # qᵀ·g_s
+        _charge(rec, (2 * a.shape[-2], a.shape[-2]), masked)
     _EAGER.scores = (rec, out.numel(), out.shape[-1], a.shape[-1])
+    _EAGER.recent = [_EAGER.scores] + _EAGER.recent[:2]
+
+
+def _softmax_backward_tally(rec, args, kwargs, out) -> None:
+    """The softmax backward of masked probabilities (``output``: the forward's, saved): its
+    masked entries, the contraction that made its incoming gradient (``g_p = g·vᵀ``, one of
+    the last few, of as many entries), and its output (``g_s``, zero where masked) for the
+    contractions that read it."""
+    grad, output = args[0], args[1]
+    masked = _paired(output)
+    if masked is None:
+        return
+    _charge(rec, (ELEMENT_COSTS["softmax_backward"], 0), masked)
+    for made in _EAGER.recent:
+        if made[1] == grad.numel() and made[2] == grad.shape[-1]:
+            _charge(made[0], (2 * made[3], made[3]), masked)
+            break
+    _EAGER.recent = []
+    _pair(out, masked, forward=False)
 
 
 def _softmax_tally(rec, args, kwargs, out) -> None:
@@ -237,14 +311,10 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
         masked = (x <= MASKED_AT_MOST).sum()
     if not isinstance(masked, Tensor) or masked.device.type == "cpu" and not int(masked):
         return
-    for target, rate in ((scores[0], (2 * scores[3], scores[3])),
-                         (rec, (ELEMENT_COSTS["softmax"], 0))):
-        found = target[TALLY] if len(target) > TALLY else None
-        if found is None:
-            target.append(Tally(*rate))
-            found = target[TALLY]
-        found.add(masked)
+    _charge(scores[0], (2 * scores[3], scores[3]), masked)
+    _charge(rec, (ELEMENT_COSTS["softmax"], 0), masked)
     _EAGER.probs = ((_storage(out),), out.numel(), masked)
+    _pair(out, masked)  # the softmax backward reads it
 
 
 def _follow_probs(rec, args, kwargs, out) -> None:
@@ -252,9 +322,15 @@ def _follow_probs(rec, args, kwargs, out) -> None:
     decomposition multiplies them by its own dropout mask): their consumer may read its
     output."""
     probs = _EAGER.probs
-    if probs is None:
-        return
     result = out[0] if isinstance(out, tuple) else out
+    if probs is None:
+        if _PAIRED and isinstance(result, Tensor):  # backward: g_s cast to a half dtype
+            for a in args[:2]:
+                masked = _paired(a)
+                if masked is not None and a.numel() == result.numel():
+                    _pair(result, masked, forward=False)
+                    return
+        return
     if not isinstance(result, Tensor) or result.numel() != probs[1]:
         return
     for a in args[:2]:
@@ -293,6 +369,7 @@ def _tallies() -> dict:
     add("bmm", "default", _bmm_tally)
     add("_softmax", "default", _softmax_tally)
     add("_safe_softmax", "default", _softmax_tally)
+    add("_softmax_backward_data", "default", _softmax_backward_tally)
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
     add("mul", "Tensor", _follow_probs)
