@@ -419,3 +419,52 @@ def test_model_flops_of_math_and_kernel_training_agree_without_a_mask():
     assert S == 2 * D
     assert flash.model_flops == math.model_flops
     assert flash.flops - math.flops == B * 4 * S * S * (2 * D + 5)  # q·kᵀ and softmax again
+
+
+# -- the meta device (issue 41, point 1) ----------------------------------------------------------
+def _meta_and_cpu(run) -> dict:
+    return {device: run(device) for device in ("cpu", "meta")}
+
+
+def test_sdpa_is_causal_on_meta_counts_the_causal_pairs():
+    """On meta SDPA runs its math decomposition, whose causal mask (ones().tril(), where) is
+    built from shapes: its shadow on the CPU gives the causal pairs, forward and backward."""
+    def run(device):
+        q = torch.randn(1, 2, 64, 16, device=device, requires_grad=True)
+        with FlopCounter() as fc:
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+        return fc.total
+
+    figures = _meta_and_cpu(run)
+    useful = 2 * loop_pairs(causal, 64, 64)
+    assert figures["meta"].model_macs == figures["cpu"].model_macs == useful * 6 * 16
+    assert figures["meta"].macs == 2 * 64 * 64 * 6 * 16  # the math backward: no recompute
+
+
+@pytest.mark.parametrize("mask", ["causal", "sliding"])
+def test_a_tiny_llama_built_on_meta_counts_the_model_macs_of_the_cpu(mask):
+    """transformers' Llama / Mistral from config on meta vs on the CPU, forward: the causal
+    pairs (is_causal on meta's math decomposition) and a sliding window (a mask transformers
+    builds from arange and comparisons) give the CPU's model MACs. (A padding mask is the
+    user's tensor: on meta it has no values, and transformers itself reads them.)"""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if mask == "sliding":
+        config, cls = MistralConfig(sliding_window=8, **kw), MistralForCausalLM
+    else:
+        config, cls = LlamaConfig(**kw), LlamaForCausalLM
+    config._attn_implementation = "sdpa"
+
+    def run(device):
+        with torch.device(device):
+            model = cls(config).eval()
+        ids = torch.zeros(2, 24, dtype=torch.long, device=device)
+        with FlopCounter(model) as fc:
+            model(ids)
+        return fc.total
+
+    figures = _meta_and_cpu(run)
+    assert figures["meta"].masked_macs > 0
+    assert figures["meta"].model_macs == figures["cpu"].model_macs

@@ -8,7 +8,8 @@ which counts the call's masked pairs (and, for a block-sparse kernel, the pairs 
 into the record's ``Tally`` (``rec[TALLY]``). On a CUDA tensor the counts stay on the device
 (a tensor added to, never read per call: no host sync); they are read once, when the
 counter's results are captured (``Tally.read``). Fake and meta tensors have no values: their
-calls keep the formula's figures (docs/conventions.md, "Hardware and model flops").
+calls keep the formula's figures (docs/conventions.md, "Hardware and model flops"), except
+meta masks built from shapes alone, whose values are computed on the CPU (``_SHADOWS``).
 
 A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`` /
 ``masked_macs`` of the record grow by masked pairs x the rate; skipped pairs come off
@@ -170,7 +171,9 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
 
     def tally(rec, args, kwargs, out) -> None:
         mask = _read(args, kwargs, mask_at)
-        if mask is None or not has_values(mask):
+        if mask is not None and not has_values(mask):
+            mask = _SHADOWS.get(mask)  # a meta mask built from shapes
+        if mask is None:
             return
         q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
         qs, ks, vs = q.shape, k.shape, v.shape
@@ -238,12 +241,12 @@ def _pair(t: Tensor, masked, forward: bool = True) -> None:
             while len(_PAIRED) >= 4 * _PAIRED_PURGE:
                 del _PAIRED[next(iter(_PAIRED))]
         storage = t.untyped_storage()
-        _PAIRED[storage.data_ptr()] = (weakref.ref(storage), t.numel(), masked)
+        _PAIRED[storage._cdata] = (weakref.ref(storage), t.numel(), masked)
 
 
 def _paired(t) -> object:
     """The masked count of ``t`` if its storage holds masked-zero pairs of its size, else None."""
-    if not _PAIRED or not isinstance(t, Tensor) or not has_values(t):
+    if not _PAIRED or not isinstance(t, Tensor) or not _traced(t):
         return None
     found = _PAIRED.get(_storage(t))
     if found is None or found[1] != t.numel() or found[0]() is None:
@@ -260,12 +263,13 @@ def _charge(rec, rate: tuple, masked) -> None:
 
 
 def _storage(t: Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    """The identity of ``t``'s storage (a meta tensor's too: its data pointer is 0)."""
+    return t.untyped_storage()._cdata
 
 
 def _bmm_tally(rec, args, kwargs, out) -> None:
     a, b = args[0], args[1]
-    if not has_values(a) or a.dim() != 3:
+    if not _traced(a) or a.dim() != 3:
         _EAGER.scores = None
         return
     probs = _EAGER.probs
@@ -303,12 +307,15 @@ def _softmax_backward_tally(rec, args, kwargs, out) -> None:
 def _softmax_tally(rec, args, kwargs, out) -> None:
     x, dim = args[0], args[1]
     scores, _EAGER.scores = _EAGER.scores, None
-    if scores is None or not has_values(x) or x.dim() < 2 or dim not in (-1, x.dim() - 1):
+    if scores is None or x.dim() < 2 or dim not in (-1, x.dim() - 1):
         return
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
         return
+    known = x if has_values(x) else _MASKING.get(x)
+    if known is None:
+        return
     with _disable_current_modes(), torch.no_grad():
-        masked = (x <= MASKED_AT_MOST).sum()
+        masked = (known <= MASKED_AT_MOST).sum()
     if not isinstance(masked, Tensor) or masked.device.type == "cpu" and not int(masked):
         return
     _charge(scores[0], (2 * scores[3], scores[3]), masked)
@@ -334,10 +341,126 @@ def _follow_probs(rec, args, kwargs, out) -> None:
     if not isinstance(result, Tensor) or result.numel() != probs[1]:
         return
     for a in args[:2]:
-        if isinstance(a, Tensor) and has_values(a) and a.numel() == probs[1] and \
+        if isinstance(a, Tensor) and _traced(a) and a.numel() == probs[1] and \
                 _storage(a) in probs[0]:
             _EAGER.probs = (probs[0] + (_storage(result),), probs[1], probs[2])
             return
+
+
+# -- masks built from shapes on the meta device ----------------------------------------------
+# A meta tensor has no values, but a mask built from shapes alone (SDPA's math decomposition
+# makes its causal mask with ``ones(...).tril()`` and ``where``; transformers builds causal,
+# sliding-window and padding masks from ``arange`` and comparisons) has the values it would
+# have on any device. The ops below, met with meta outputs whose tensor inputs are all such
+# masks (or plain values), are run again on the CPU: the result is the mask's *shadow*, kept
+# while the meta tensor lives (a weak reference) and read where a mask's values are read. A
+# scores tensor that adds such a mask to values nobody knows (``q·kᵀ + mask``) keeps the
+# mask's shadow for its masked entries only (``_MASKING``): the scores are finite, so an
+# entry is masked exactly where the mask masks.
+class _Shadows:
+    """Weak map from a meta tensor to a CPU tensor (its values, or for ``_MASKING`` where it
+    is masked)."""
+
+    def __init__(self):
+        self.kept: dict = {}  # id(meta tensor) -> (weakref, CPU tensor)
+
+    def get(self, t) -> Optional[Tensor]:
+        found = self.kept.get(id(t))
+        return found[1] if found is not None and found[0]() is t else None
+
+    def put(self, t: Tensor, value: Tensor) -> None:
+        if len(self.kept) >= 4096:
+            for key in [k for k, v in self.kept.items() if v[0]() is None]:
+                del self.kept[key]
+            while len(self.kept) >= 4096:
+                del self.kept[next(iter(self.kept))]
+        self.kept[id(t)] = (weakref.ref(t), value)
+
+
+_SHADOWS = _Shadows()
+_MASKING = _Shadows()
+SHADOW_MOST = 1 << 26  # elements: a larger mask is left without values (as any meta tensor)
+_SHADOWED = ("ones", "zeros", "full", "scalar_tensor", "arange", "new_ones", "new_zeros",
+             "new_full", "tril", "triu", "where", "le", "lt", "ge", "gt", "eq", "ne",
+             "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and",
+             "logical_or", "logical_not", "masked_fill", "add", "sub", "mul", "neg",
+             "view", "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze", "transpose",
+             "permute", "slice", "select", "alias", "clone", "_to_copy", "index", "remainder",
+             "floor_divide", "abs", "minimum", "maximum", "clamp")
+_AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze",
+                      "transpose", "permute", "slice", "select", "alias"))
+
+
+def _traced(t: Tensor) -> bool:
+    """Whether ``t``'s storage can be followed: a strided tensor with values, or on meta."""
+    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter)) and \
+        t.layout is torch.strided and (t.is_meta or has_values(t))
+
+
+def _on_cpu(v, found: list):
+    """``v`` with each meta tensor replaced by its shadow; ``found[0]`` False if one has none
+    (and the meta tensors without one collected in ``found[1]``)."""
+    if isinstance(v, Tensor):
+        if v.device.type != "meta":
+            found[0] = found[0] and has_values(v) and v.device.type == "cpu"
+            return v
+        shadow = _SHADOWS.get(v)
+        if shadow is None:
+            found[0] = False
+            found[1].append(v)
+        return shadow
+    if isinstance(v, (list, tuple)):
+        return type(v)(_on_cpu(x, found) for x in v)
+    if isinstance(v, torch.device) and v.type == "meta":
+        return torch.device("cpu")
+    return v
+
+
+def _shadow_tally(func, name: str) -> Callable:
+    def tally(rec, args, kwargs, out) -> None:
+        if out.__class__ is not Tensor or not out.is_meta or \
+                name not in _AS_VIEW and out.numel() > SHADOW_MOST:
+            return
+        found: list = [True, []]
+        cpu_args = _on_cpu(args, found)
+        cpu_kwargs = {k: _on_cpu(v, found) for k, v in (kwargs or {}).items()}
+        if "device" in (kwargs or {}) or not any(isinstance(a, Tensor) for a in args):
+            cpu_kwargs["device"] = torch.device("cpu")  # a factory
+        if not found[0]:
+            if name in ("add", "sub") and len(found[1]) == 1:
+                _masking(args, found[1][0], out)
+            return
+        try:
+            with _disable_current_modes(), torch.no_grad():
+                value = func(*cpu_args, **cpu_kwargs)
+        except Exception:  # an argument this op takes only on meta: no shadow
+            return
+        if isinstance(value, Tensor) and value.shape == out.shape:
+            _SHADOWS.put(out, value)
+
+    return tally
+
+
+def _masking(args, unknown: Tensor, out: Tensor) -> None:
+    """``out = unknown ± mask``: masked where the mask is (finite scores)."""
+    for a in args[:2]:
+        if isinstance(a, Tensor) and a is not unknown:
+            shadow = _SHADOWS.get(a) if a.device.type == "meta" else (
+                a if has_values(a) else None)
+            if shadow is not None and shadow.dtype.is_floating_point:
+                try:
+                    _MASKING.put(out, shadow.expand(out.shape))
+                except RuntimeError:
+                    pass
+            return
+
+
+def _both(first: Callable, then: Callable) -> Callable:
+    def tally(rec, args, kwargs, out) -> None:
+        first(rec, args, kwargs, out)
+        then(rec, args, kwargs, out)
+
+    return tally
 
 
 def _tallies() -> dict:
@@ -373,6 +496,15 @@ def _tallies() -> dict:
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
     add("mul", "Tensor", _follow_probs)
+    for name in _SHADOWED:
+        packet = getattr(aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            op = getattr(packet, overload)
+            if torch.Tag.inplace_view in op.tags or op._schema.name.endswith("_") or \
+                    overload.startswith("out"):
+                continue
+            found[op] = _both(found[op], _shadow_tally(op, name)) if op in found else \
+                _shadow_tally(op, name)
     return found
 
 
