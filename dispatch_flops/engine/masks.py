@@ -35,13 +35,16 @@ TALLY = 3  # a record's fourth slot, present on the records of ops that read mas
 class Tally:
     """A record's masked and skipped pairs, and what one pair costs (flops, MACs)."""
 
-    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate")
+    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate", "again")
 
-    def __init__(self, flops_rate: int, macs_rate: int):
+    def __init__(self, flops_rate: int, macs_rate: int, again: tuple = (0, 0)):
         self.masked: object = 0  # an int, or a 0-d int64 tensor on the mask's device
         self.skipped: object = 0
         self.flops_rate = flops_rate
         self.macs_rate = macs_rate
+        # (flops, MACs) a pair's backward recomputation, which the formula already counts
+        # hardware-only for every pair (``recomputed_rates``): a skipped pair ran none of it
+        self.again = again
 
     def add(self, masked, skipped=0) -> None:
         self.masked = _plus(self.masked, masked)
@@ -184,7 +187,8 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
         total = qs[0] * qs[1] * qs[2] * ks[-2]
         found = rec[TALLY] if len(rec) > TALLY else None
         if found is None:
-            rec.append(Tally(*rates(qs, ks, vs, backward, True)))
+            rec.append(Tally(*rates(qs, ks, vs, backward, True),
+                             again=recomputed_rates(qs, True) if backward else (0, 0)))
             found = rec[TALLY]
         causal = _read(args, kwargs, causal_at, False)
         with _disable_current_modes(), torch.no_grad():
