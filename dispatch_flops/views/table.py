@@ -344,7 +344,7 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
     if counter.total.masked_flops:
         # the hardware-only share: masked pairs, and a fused backward's recomputed q·kᵀ
-        lines.append(f"Attention's masked pairs and backward recompute: "
+        lines.append(f"Masked + recomputed attention work: "
                      f"{human(counter.total.masked_flops)} flops (FLOPs count them; model flops "
                      "and MFU do not)")
     if OTHER in shown:
