@@ -110,8 +110,8 @@ class Cost(NamedTuple):
     comm_bytes: int = 0  # bytes this rank puts on the wire (collectives only)
     # the collective's size S (NCCL-tests' algbw = S / time; collectives only)
     comm_alg_bytes: int = 0
-    # of flops / macs: the work spent on masked attention pairs (hardware minus model flops,
-    # docs/conventions.md); at most flops / macs
+    # of flops / macs: the work spent on masked attention pairs and on a fused backward's
+    # recomputation (hardware minus model flops, docs/conventions.md); at most flops / macs
     masked_flops: int = 0
     masked_macs: int = 0
 

@@ -6,7 +6,9 @@ with h_q a multiple of h_kv (GQA/MQA: each query head still meets s_k keys).
 Forward MACs = pairs * (d + d_v): scores q @ k^T, then probs @ v.
 Backward MACs = pairs * (3 d + 2 d_v): the fused kernels recompute q @ k^T, then
 grad_probs = grad_out @ v^T, grad_v = probs^T @ grad_out, grad_q = grad_s @ k,
-grad_k = grad_s^T @ q.
+grad_k = grad_s^T @ q. The recomputation (q @ k^T and its softmax) is hardware work only: the
+model's backward is the other four contractions, as SDPA's math decomposition runs them, so it
+joins the masked pairs in ``masked_flops`` / ``masked_macs`` (``recomputed_rates``).
 ``pairs`` is b * h_q * s_q * s_k: the kernels' hardware figure (dense). With ``is_causal``
 the pairs above torch's top-left-aligned causal diagonal are masked: their share is the
 ``Cost``'s ``masked_flops`` / ``masked_macs`` (model flops count only the unmasked pairs).
@@ -65,7 +67,20 @@ def attention_forward_cost(q, k, v, *, causal, masked: bool) -> Cost:
     return pairs_cost(pairs, useful, d + d_v, per_pair)
 
 
+def recomputed_rates(q, masked: bool) -> tuple[int, int]:
+    """(flops, MACs) per (query, key) pair that a fused backward spends recomputing the
+    forward's probabilities: the scores ``q·kᵀ`` (d MACs), their softmax from the saved
+    log-sum-exp and, with a mask, the mask added again. Hardware work the model does not
+    need (the model's backward reads the forward's probabilities, as SDPA's math
+    decomposition does): part of the call's ``masked_flops`` / ``masked_macs``."""
+    d = q[-1]
+    return 2 * d + ELEMENT_COSTS["softmax"] + int(masked), d
+
+
 def attention_backward_cost(q, k, v, *, causal, masked: bool) -> Cost:
+    """Every pair's backward as the fused kernels run it (recomputation included: the
+    hardware figure); the masked pairs' whole share and the unmasked pairs' recomputation
+    (``recomputed_rates``) are the hardware-only part (``masked_flops`` / ``masked_macs``)."""
     d, d_v = q[-1], v[-1]
     pairs, useful = _pairs(q, k, causal)
     per_pair = (
@@ -74,7 +89,10 @@ def attention_backward_cost(q, k, v, *, causal, masked: bool) -> Cost:
         + ELEMENT_COSTS["softmax_backward"]
         + int(masked)
     )
-    return pairs_cost(pairs, useful, 3 * d + 2 * d_v, per_pair)
+    cost = pairs_cost(pairs, useful, 3 * d + 2 * d_v, per_pair)
+    again_flops, again_macs = recomputed_rates(q, masked)
+    return cost._replace(masked_flops=cost.masked_flops + useful * again_flops,
+                         masked_macs=cost.masked_macs + useful * again_macs)
 
 
 def _kernel_layout(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, int_values=None,

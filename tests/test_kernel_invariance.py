@@ -224,11 +224,14 @@ def test_every_kernel_gives_one_call_the_same_model_flops(config):
         if stats is not None:
             figures[kernel] = stats
     assert len(figures) >= 2
-    per_pair = (3 * D + 2 * D) if backward else 2 * D
+    # the model's backward is four contractions (2d + 2d_v per pair); the kernels run five
+    # (they recompute q·kᵀ: hardware only)
+    per_pair = (2 * D + 2 * D) if backward else 2 * D
+    hardware_per_pair = (3 * D + 2 * D) if backward else 2 * D
     useful = B * 4 * loop_pairs(allowed, S, S)
     for kernel, stats in figures.items():
         assert stats.model_macs == useful * per_pair, kernel
-        assert stats.macs == B * 4 * S * S * per_pair, kernel
+        assert stats.macs == B * 4 * S * S * hardware_per_pair, kernel
         assert 0 <= stats.model_flops <= stats.flops, kernel
     assert len({(s.flops, s.model_flops, s.model_macs) for s in figures.values()}) == 1, {
         k: (s.flops, s.model_flops) for k, s in figures.items()}
@@ -282,9 +285,9 @@ def test_a_mask_and_is_causal_count_the_pairs_both_keep(s_q, s_k, backward):
     q, kv = torch.randn(2, 4, s_q, D), torch.randn(2, 2, s_k, D)
     mask = torch.rand(2, 1, s_q, s_k) < 0.6  # per batch, broadcast over heads
     stats = attention_stats(_sdpa_stats(q, kv, kv, mask, True, backward))
-    per_pair = 2 * D + (5 * D if backward else 0)
+    per_pair = 2 * D + (4 * D if backward else 0)  # the backward's recomputed q·kᵀ: hardware
     assert stats.model_macs == _oracle(mask, 2, 4, s_q, s_k, True) * per_pair
-    assert stats.macs == 2 * 4 * s_q * s_k * per_pair
+    assert stats.macs == 2 * 4 * s_q * s_k * (2 * D + (5 * D if backward else 0))
 
 
 @pytest.mark.skipif(torch.__version__ < "2.9", reason="torch 2.8 refuses a mask with "
@@ -375,3 +378,108 @@ def test_the_efficient_kernels_bottom_right_causal_type(s_q, s_k, with_mask):
     stats = attention_stats(fc)
     assert stats.model_macs == useful * 2 * D
     assert stats.macs == 2 * s_q * s_k * 2 * D
+
+
+# -- the math decomposition's backward (issue 41, point 3) --------------------------------------
+def _training_call(backend, mask, is_causal: bool, h_kv: int, dropout: float, dtype) -> Stats:
+    torch.manual_seed(0)
+    q = torch.randn(B, 4, S, D, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(B, h_kv, S, D, dtype=dtype, requires_grad=True) for _ in range(2))
+    with sdpa_kernel(backend), FlopCounter() as fc:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                             dropout_p=dropout, enable_gqa=h_kv != 4)
+        out.sum().backward()
+    return fc.total
+
+
+MATH_CONFIGS = [(mask, h_kv, dropout, dtype)
+                for mask in ("none", "is_causal", "window 5 bool", "window 5 additive -inf")
+                for h_kv in (4, 1) for dropout in (0.0, 0.3)
+                for dtype in (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("config", MATH_CONFIGS,
+                         ids=[f"{m}, h_kv {h}, dropout {p}, {str(t)[6:]}"
+                              for m, h, p, t in MATH_CONFIGS])
+def test_the_math_backward_finds_the_masked_pairs_the_kernels_do(config):
+    """Forward + backward through SDPA's math decomposition (its contractions, softmax and
+    their autograd): model MACs are the unmasked pairs times the model's 6d MACs a pair (two
+    forward contractions, four backward), as the CPU flash kernel's, whose fifth backward
+    contraction (q·kᵀ again) is hardware only; hardware MACs differ by exactly that."""
+    mask_name, h_kv, dropout, dtype = config
+    kind, allowed = MASKS[mask_name]
+    is_causal = kind == "is_causal"
+    mask = None
+    if kind == "bool":
+        mask = mask_of(allowed, S, S)
+    elif kind == "additive":
+        mask = _additive(kind, allowed, dtype)
+    useful = B * 4 * loop_pairs(allowed, S, S)
+    math = _training_call(SDPBackend.MATH, mask, is_causal, h_kv, dropout, dtype)
+    assert math.model_macs == useful * 6 * D
+    assert math.macs == B * 4 * S * S * 6 * D
+    assert 0 <= math.model_flops <= math.flops
+    if not dropout:  # no dropout on the CPU flash kernel
+        flash = _training_call(SDPBackend.FLASH_ATTENTION, mask, is_causal, h_kv, 0.0, dtype)
+        assert flash.model_macs == math.model_macs
+        assert flash.macs - math.macs == B * 4 * S * S * D  # the recomputed q·kᵀ
+
+
+def test_model_flops_of_math_and_kernel_training_agree_without_a_mask():
+    """No mask: the math decomposition's element-wise work (q and k scaled, 2·S·D a head)
+    matches the kernels' per-pair scale (S² a head) when S = 2D, so model flops agree exactly
+    (fwd + bwd); the hardware difference is the kernel's recomputation, named per pair."""
+    math = _training_call(SDPBackend.MATH, None, False, 4, 0.0, torch.float32)
+    flash = _training_call(SDPBackend.FLASH_ATTENTION, None, False, 4, 0.0, torch.float32)
+    assert S == 2 * D
+    assert flash.model_flops == math.model_flops
+    assert flash.flops - math.flops == B * 4 * S * S * (2 * D + 5)  # q·kᵀ and softmax again
+
+
+# -- the meta device (issue 41, point 1) ----------------------------------------------------------
+def _meta_and_cpu(run) -> dict:
+    return {device: run(device) for device in ("cpu", "meta")}
+
+
+def test_sdpa_is_causal_on_meta_counts_the_causal_pairs():
+    """On meta SDPA runs its math decomposition, whose causal mask (ones().tril(), where) is
+    built from shapes: its shadow on the CPU gives the causal pairs, forward and backward."""
+    def run(device):
+        q = torch.randn(1, 2, 64, 16, device=device, requires_grad=True)
+        with FlopCounter() as fc:
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+        return fc.total
+
+    figures = _meta_and_cpu(run)
+    useful = 2 * loop_pairs(causal, 64, 64)
+    assert figures["meta"].model_macs == figures["cpu"].model_macs == useful * 6 * 16
+    assert figures["meta"].macs == 2 * 64 * 64 * 6 * 16  # the math backward: no recompute
+
+
+@pytest.mark.parametrize("mask", ["causal", "sliding"])
+def test_a_tiny_llama_built_on_meta_counts_the_model_macs_of_the_cpu(mask):
+    """transformers' Llama / Mistral from config on meta vs on the CPU, forward: the causal
+    pairs (is_causal on meta's math decomposition) and a sliding window (a mask transformers
+    builds from arange and comparisons) give the CPU's model MACs. (A padding mask is the
+    user's tensor: on meta it has no values, and transformers itself reads them.)"""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if mask == "sliding":
+        config, cls = MistralConfig(sliding_window=8, **kw), MistralForCausalLM
+    else:
+        config, cls = LlamaConfig(**kw), LlamaForCausalLM
+    config._attn_implementation = "sdpa"
+
+    def run(device):
+        with torch.device(device):
+            model = cls(config).eval()
+        ids = torch.zeros(2, 24, dtype=torch.long, device=device)
+        with FlopCounter(model) as fc:
+            model(ids)
+        return fc.total
+
+    figures = _meta_and_cpu(run)
+    assert figures["meta"].masked_macs > 0
+    assert figures["meta"].model_macs == figures["cpu"].model_macs

@@ -37,7 +37,11 @@ from dispatch_flops.engine.records import CALLS, Signature
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.formulas import Category, Cost
-from dispatch_flops.formulas.attention import attention_backward_cost, attention_forward_cost
+from dispatch_flops.formulas.attention import (
+    attention_backward_cost,
+    attention_forward_cost,
+    recomputed_rates,
+)
 
 # the BlockMask tuple a flex operator takes (BlockMask.as_tuple()): where each part sits
 Q_LEN, KV_LEN, KV_NUM_BLOCKS, KV_INDICES, FULL_KV_NUM_BLOCKS, FULL_KV_INDICES = range(6)
@@ -174,7 +178,8 @@ class RunTally:
 
 def tally_into(rec, qs, ks, vs, backward: bool, masked, skipped=0) -> None:
     if len(rec) <= TALLY:
-        rec.append(Tally(*rates(qs, ks, vs, backward, True)))
+        rec.append(Tally(*rates(qs, ks, vs, backward, True),
+                         again=recomputed_rates(qs, True) if backward else (0, 0)))
     rec[TALLY].add(masked, skipped)
 
 

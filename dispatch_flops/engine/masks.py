@@ -8,7 +8,8 @@ which counts the call's masked pairs (and, for a block-sparse kernel, the pairs 
 into the record's ``Tally`` (``rec[TALLY]``). On a CUDA tensor the counts stay on the device
 (a tensor added to, never read per call: no host sync); they are read once, when the
 counter's results are captured (``Tally.read``). Fake and meta tensors have no values: their
-calls keep the formula's figures (docs/conventions.md, "Hardware and model flops").
+calls keep the formula's figures (docs/conventions.md, "Hardware and model flops"), except
+meta masks built from shapes alone, whose values are computed on the CPU (``_SHADOWS``).
 
 A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`` /
 ``masked_macs`` of the record grow by masked pairs x the rate; skipped pairs come off
@@ -18,6 +19,7 @@ A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -25,6 +27,7 @@ from torch import Tensor
 
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.formulas import ELEMENT_COSTS
+from dispatch_flops.formulas.attention import recomputed_rates
 
 TALLY = 3  # a record's fourth slot, present on the records of ops that read masks
 
@@ -32,13 +35,16 @@ TALLY = 3  # a record's fourth slot, present on the records of ops that read mas
 class Tally:
     """A record's masked and skipped pairs, and what one pair costs (flops, MACs)."""
 
-    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate")
+    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate", "again")
 
-    def __init__(self, flops_rate: int, macs_rate: int):
+    def __init__(self, flops_rate: int, macs_rate: int, again: tuple = (0, 0)):
         self.masked: object = 0  # an int, or a 0-d int64 tensor on the mask's device
         self.skipped: object = 0
         self.flops_rate = flops_rate
         self.macs_rate = macs_rate
+        # (flops, MACs) a pair's backward recomputation, which the formula already counts
+        # hardware-only for every pair (``recomputed_rates``): a skipped pair ran none of it
+        self.again = again
 
     def add(self, masked, skipped=0) -> None:
         self.masked = _plus(self.masked, masked)
@@ -92,13 +98,17 @@ def has_values(t) -> bool:
 
 
 def rates(q, k, v, backward: bool, masked: bool) -> tuple[int, int]:
-    """(flops, MACs) of one (query, key) pair, as ``formulas.attention`` prices it."""
+    """(flops, MACs) of one (query, key) pair that a mask's values mask, as
+    ``formulas.attention`` prices a pair, less (backward) the recomputation the formula
+    already counts hardware-only for every pair it takes as unmasked (``recomputed_rates``)."""
     d, d_v = q[-1], v[-1]
     per_pair = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"] + int(masked)
     macs = d + d_v
     if backward:
         per_pair += ELEMENT_COSTS["softmax_backward"]
         macs = 3 * d + 2 * d_v
+        again_flops, again_macs = recomputed_rates(q, masked)
+        return 2 * macs + per_pair - again_flops, macs - again_macs
     return 2 * macs + per_pair, macs
 
 
@@ -164,7 +174,9 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
 
     def tally(rec, args, kwargs, out) -> None:
         mask = _read(args, kwargs, mask_at)
-        if mask is None or not has_values(mask):
+        if mask is not None and not has_values(mask):
+            mask = _SHADOWS.get(mask)  # a meta mask built from shapes
+        if mask is None:
             return
         q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
         qs, ks, vs = q.shape, k.shape, v.shape
@@ -175,7 +187,8 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
         total = qs[0] * qs[1] * qs[2] * ks[-2]
         found = rec[TALLY] if len(rec) > TALLY else None
         if found is None:
-            rec.append(Tally(*rates(qs, ks, vs, backward, True)))
+            rec.append(Tally(*rates(qs, ks, vs, backward, True),
+                             again=recomputed_rates(qs, True) if backward else (0, 0)))
             found = rec[TALLY]
         causal = _read(args, kwargs, causal_at, False)
         with _disable_current_modes(), torch.no_grad():
@@ -190,9 +203,18 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
 # fallback): a softmax over the last dim whose input has masked entries (as an additive mask
 # leaves them), right after a contraction that produced as many scores: the masked entries'
 # share of that contraction (d MACs each), of the softmax (its per-element cost), and of the
-# contraction that next consumes the probabilities (d_v MACs each). Forward only: the backward
-# ops of such attention stay dense. The state is per thread: a contraction's last record, and
-# the masked probabilities waiting for their consumer.
+# contraction that next consumes the probabilities (d_v MACs each). The state is per thread:
+# a contraction's last record, and the masked probabilities waiting for their consumer.
+#
+# Backward (autograd of the same ops: SDPA's math decomposition in training) follows the
+# masked entries by storage: the probabilities autograd saved (the softmax output, its casts
+# and dropout product) and the scores' gradient the softmax backward makes are zero where the
+# forward masked, so each backward contraction that reads one of them (``grad_v = pᵀ·g``,
+# ``grad_q = g_s·k``, ``grad_kᵀ = qᵀ·g_s``) spends its masked entries' share on nothing, as
+# does the softmax backward and the contraction that made its incoming gradient
+# (``g_p = g·vᵀ``). These storages are kept process-wide (``_PAIRED``: autograd may run the
+# backward on another thread), a bounded number, each with its numel: a storage freed and
+# reused by a tensor of another size never matches.
 class _Eager(threading.local):
     def __init__(self):
         self.scores = None  # (record, numel, last dim, contraction dim) of the last bmm
@@ -200,51 +222,110 @@ class _Eager(threading.local):
         # its casts' (math casts the float32 probabilities to the inputs' half dtype, and may
         # multiply either copy by the contraction that follows)
         self.probs = None
+        self.recent: list = []  # the last few bmms' (record, numel, last dim, contraction)
 
 
 _EAGER = _Eager()
+_PAIRED: dict = {}  # storage pointer -> (the storage's weakref, numel, masked count)
+_PAIRED_PURGE = 1024  # past this many, entries of freed tensors are dropped
+_PAIRED_LOCK = threading.Lock()
+
+
+def _pair(t: Tensor, masked, forward: bool = True) -> None:
+    """Note ``t`` (zero where ``masked`` entries were masked) for the backward's contractions:
+    only where autograd will run a backward that reads it (a training forward), and only while
+    its storage lives (a weak reference: freed memory reused by another tensor never
+    matches; autograd saves an output as another tensor on the same storage)."""
+    if forward and not torch.is_grad_enabled():
+        return
+    with _PAIRED_LOCK:
+        if len(_PAIRED) >= _PAIRED_PURGE:
+            for ptr in [p for p, e in _PAIRED.items() if e[0]() is None]:
+                del _PAIRED[ptr]
+            while len(_PAIRED) >= 4 * _PAIRED_PURGE:
+                del _PAIRED[next(iter(_PAIRED))]
+        storage = t.untyped_storage()
+        _PAIRED[storage._cdata] = (weakref.ref(storage), t.numel(), masked)
+
+
+def _paired(t) -> object:
+    """The masked count of ``t`` if its storage holds masked-zero pairs of its size, else None."""
+    if not _PAIRED or not isinstance(t, Tensor) or not _traced(t):
+        return None
+    found = _PAIRED.get(_storage(t))
+    if found is None or found[1] != t.numel() or found[0]() is None:
+        return None
+    return found[2]
+
+
+def _charge(rec, rate: tuple, masked) -> None:
+    found = rec[TALLY] if len(rec) > TALLY else None
+    if found is None:
+        rec.append(Tally(*rate))
+        found = rec[TALLY]
+    found.add(masked)
 
 
 def _storage(t: Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    """The identity of ``t``'s storage (a meta tensor's too: its data pointer is 0)."""
+    return t.untyped_storage()._cdata
 
 
 def _bmm_tally(rec, args, kwargs, out) -> None:
     a, b = args[0], args[1]
-    if not has_values(a) or a.dim() != 3:
+    if not _traced(a) or a.dim() != 3:
         _EAGER.scores = None
         return
     probs = _EAGER.probs
     if probs is not None and a.numel() == probs[1] and _storage(a) in probs[0]:
         _EAGER.probs = None
         d_v = b.shape[-1]
-        found = rec[TALLY] if len(rec) > TALLY else None
-        if found is None:
-            rec.append(Tally(2 * d_v, d_v))
-            found = rec[TALLY]
-        found.add(probs[2])
+        _charge(rec, (2 * d_v, d_v), probs[2])
+        _pair(a, probs[2])  # saved for backward, where grad_v = pᵀ·g reads it
+    elif (masked := _paired(a)) is not None:  # pᵀ·g, g_s·k: a's rows meet b's columns
+        _charge(rec, (2 * b.shape[-1], b.shape[-1]), masked)
+    elif (masked := _paired(b)) is not None:  # qᵀ·g_s
+        _charge(rec, (2 * a.shape[-2], a.shape[-2]), masked)
     _EAGER.scores = (rec, out.numel(), out.shape[-1], a.shape[-1])
+    _EAGER.recent = [_EAGER.scores] + _EAGER.recent[:2]
+
+
+def _softmax_backward_tally(rec, args, kwargs, out) -> None:
+    """The softmax backward of masked probabilities (``output``: the forward's, saved): its
+    masked entries, the contraction that made its incoming gradient (``g_p = g·vᵀ``, one of
+    the last few, of as many entries), and its output (``g_s``, zero where masked) for the
+    contractions that read it."""
+    grad, output = args[0], args[1]
+    masked = _paired(output)
+    if masked is None:
+        return
+    _charge(rec, (ELEMENT_COSTS["softmax_backward"], 0), masked)
+    for made in _EAGER.recent:
+        if made[1] == grad.numel() and made[2] == grad.shape[-1]:
+            _charge(made[0], (2 * made[3], made[3]), masked)
+            break
+    _EAGER.recent = []
+    _pair(out, masked, forward=False)
 
 
 def _softmax_tally(rec, args, kwargs, out) -> None:
     x, dim = args[0], args[1]
     scores, _EAGER.scores = _EAGER.scores, None
-    if scores is None or not has_values(x) or x.dim() < 2 or dim not in (-1, x.dim() - 1):
+    if scores is None or x.dim() < 2 or dim not in (-1, x.dim() - 1):
         return
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
         return
+    known = x if has_values(x) else _MASKING.get(x)
+    if known is None:
+        return
     with _disable_current_modes(), torch.no_grad():
-        masked = (x <= MASKED_AT_MOST).sum()
+        masked = (known <= MASKED_AT_MOST).sum()
     if not isinstance(masked, Tensor) or masked.device.type == "cpu" and not int(masked):
         return
-    for target, rate in ((scores[0], (2 * scores[3], scores[3])),
-                         (rec, (ELEMENT_COSTS["softmax"], 0))):
-        found = target[TALLY] if len(target) > TALLY else None
-        if found is None:
-            target.append(Tally(*rate))
-            found = target[TALLY]
-        found.add(masked)
+    _charge(scores[0], (2 * scores[3], scores[3]), masked)
+    _charge(rec, (ELEMENT_COSTS["softmax"], 0), masked)
     _EAGER.probs = ((_storage(out),), out.numel(), masked)
+    _pair(out, masked)  # the softmax backward reads it
 
 
 def _follow_probs(rec, args, kwargs, out) -> None:
@@ -252,16 +333,138 @@ def _follow_probs(rec, args, kwargs, out) -> None:
     decomposition multiplies them by its own dropout mask): their consumer may read its
     output."""
     probs = _EAGER.probs
-    if probs is None:
-        return
     result = out[0] if isinstance(out, tuple) else out
+    if probs is None:
+        if _PAIRED and isinstance(result, Tensor):  # backward: g_s cast to a half dtype
+            for a in args[:2]:
+                masked = _paired(a)
+                if masked is not None and a.numel() == result.numel():
+                    _pair(result, masked, forward=False)
+                    return
+        return
     if not isinstance(result, Tensor) or result.numel() != probs[1]:
         return
     for a in args[:2]:
-        if isinstance(a, Tensor) and has_values(a) and a.numel() == probs[1] and \
+        if isinstance(a, Tensor) and _traced(a) and a.numel() == probs[1] and \
                 _storage(a) in probs[0]:
             _EAGER.probs = (probs[0] + (_storage(result),), probs[1], probs[2])
             return
+
+
+# -- masks built from shapes on the meta device ----------------------------------------------
+# A meta tensor has no values, but a mask built from shapes alone (SDPA's math decomposition
+# makes its causal mask with ``ones(...).tril()`` and ``where``; transformers builds causal,
+# sliding-window and padding masks from ``arange`` and comparisons) has the values it would
+# have on any device. The ops below, met with meta outputs whose tensor inputs are all such
+# masks (or plain values), are run again on the CPU: the result is the mask's *shadow*, kept
+# while the meta tensor lives (a weak reference) and read where a mask's values are read. A
+# scores tensor that adds such a mask to values nobody knows (``q·kᵀ + mask``) keeps the
+# mask's shadow for its masked entries only (``_MASKING``): the scores are finite, so an
+# entry is masked exactly where the mask masks.
+class _Shadows:
+    """Weak map from a meta tensor to a CPU tensor (its values, or for ``_MASKING`` where it
+    is masked)."""
+
+    def __init__(self):
+        self.kept: dict = {}  # id(meta tensor) -> (weakref, CPU tensor)
+
+    def get(self, t) -> Optional[Tensor]:
+        found = self.kept.get(id(t))
+        return found[1] if found is not None and found[0]() is t else None
+
+    def put(self, t: Tensor, value: Tensor) -> None:
+        if len(self.kept) >= 4096:
+            for key in [k for k, v in self.kept.items() if v[0]() is None]:
+                del self.kept[key]
+            while len(self.kept) >= 4096:
+                del self.kept[next(iter(self.kept))]
+        self.kept[id(t)] = (weakref.ref(t), value)
+
+
+_SHADOWS = _Shadows()
+_MASKING = _Shadows()
+SHADOW_MOST = 1 << 26  # elements: a larger mask is left without values (as any meta tensor)
+_SHADOWED = ("ones", "zeros", "full", "scalar_tensor", "arange", "new_ones", "new_zeros",
+             "new_full", "tril", "triu", "where", "le", "lt", "ge", "gt", "eq", "ne",
+             "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and",
+             "logical_or", "logical_not", "masked_fill", "add", "sub", "mul", "neg",
+             "view", "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze", "transpose",
+             "permute", "slice", "select", "alias", "clone", "_to_copy", "index", "remainder",
+             "floor_divide", "abs", "minimum", "maximum", "clamp")
+_AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze",
+                      "transpose", "permute", "slice", "select", "alias"))
+
+
+def _traced(t: Tensor) -> bool:
+    """Whether ``t``'s storage can be followed: a strided tensor with values, or on meta."""
+    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter)) and \
+        t.layout is torch.strided and (t.is_meta or has_values(t))
+
+
+def _on_cpu(v, found: list):
+    """``v`` with each meta tensor replaced by its shadow; ``found[0]`` False if one has none
+    (and the meta tensors without one collected in ``found[1]``)."""
+    if isinstance(v, Tensor):
+        if v.device.type != "meta":
+            found[0] = found[0] and has_values(v) and v.device.type == "cpu"
+            return v
+        shadow = _SHADOWS.get(v)
+        if shadow is None:
+            found[0] = False
+            found[1].append(v)
+        return shadow
+    if isinstance(v, (list, tuple)):
+        return type(v)(_on_cpu(x, found) for x in v)
+    if isinstance(v, torch.device) and v.type == "meta":
+        return torch.device("cpu")
+    return v
+
+
+def _shadow_tally(func, name: str) -> Callable:
+    def tally(rec, args, kwargs, out) -> None:
+        if out.__class__ is not Tensor or not out.is_meta or \
+                name not in _AS_VIEW and out.numel() > SHADOW_MOST:
+            return
+        found: list = [True, []]
+        cpu_args = _on_cpu(args, found)
+        cpu_kwargs = {k: _on_cpu(v, found) for k, v in (kwargs or {}).items()}
+        if "device" in (kwargs or {}) or not any(isinstance(a, Tensor) for a in args):
+            cpu_kwargs["device"] = torch.device("cpu")  # a factory
+        if not found[0]:
+            if name in ("add", "sub") and len(found[1]) == 1:
+                _masking(args, found[1][0], out)
+            return
+        try:
+            with _disable_current_modes(), torch.no_grad():
+                value = func(*cpu_args, **cpu_kwargs)
+        except Exception:  # an argument this op takes only on meta: no shadow
+            return
+        if isinstance(value, Tensor) and value.shape == out.shape:
+            _SHADOWS.put(out, value)
+
+    return tally
+
+
+def _masking(args, unknown: Tensor, out: Tensor) -> None:
+    """``out = unknown ± mask``: masked where the mask is (finite scores)."""
+    for a in args[:2]:
+        if isinstance(a, Tensor) and a is not unknown:
+            shadow = _SHADOWS.get(a) if a.device.type == "meta" else (
+                a if has_values(a) else None)
+            if shadow is not None and shadow.dtype.is_floating_point:
+                try:
+                    _MASKING.put(out, shadow.expand(out.shape))
+                except RuntimeError:
+                    pass
+            return
+
+
+def _both(first: Callable, then: Callable) -> Callable:
+    def tally(rec, args, kwargs, out) -> None:
+        first(rec, args, kwargs, out)
+        then(rec, args, kwargs, out)
+
+    return tally
 
 
 def _tallies() -> dict:
@@ -293,9 +496,19 @@ def _tallies() -> dict:
     add("bmm", "default", _bmm_tally)
     add("_softmax", "default", _softmax_tally)
     add("_safe_softmax", "default", _softmax_tally)
+    add("_softmax_backward_data", "default", _softmax_backward_tally)
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
     add("mul", "Tensor", _follow_probs)
+    for name in _SHADOWED:
+        packet = getattr(aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            op = getattr(packet, overload)
+            if torch.Tag.inplace_view in op.tags or op._schema.name.endswith("_") or \
+                    overload.startswith("out"):
+                continue
+            found[op] = _both(found[op], _shadow_tally(op, name)) if op in found else \
+                _shadow_tally(op, name)
     return found
 
 

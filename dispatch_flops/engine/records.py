@@ -339,10 +339,13 @@ class Captured:
             found = self.tallies.get(i)
             if found is not None:
                 masked, skipped, tally = found
-                total[_ROW_FLOPS] -= skipped * tally.flops_rate
-                total[_ROW_MACS] -= skipped * tally.macs_rate
-                total[_ROW_MASKED_FLOPS] += masked * tally.flops_rate
-                total[_ROW_MASKED_MACS] += masked * tally.macs_rate
+                # a skipped pair: none of its work ran, its recomputation (in the formula's
+                # masked share, backward) neither
+                again_flops, again_macs = tally.again
+                total[_ROW_FLOPS] -= skipped * (tally.flops_rate + again_flops)
+                total[_ROW_MACS] -= skipped * (tally.macs_rate + again_macs)
+                total[_ROW_MASKED_FLOPS] += masked * tally.flops_rate - skipped * again_flops
+                total[_ROW_MASKED_MACS] += masked * tally.macs_rate - skipped * again_macs
         rows = tuple((layout.keys[r], tuple(t)) for r, t in enumerate(totals) if t is not None)
         layout.memo = (memo, rows)
         return rows

@@ -95,7 +95,8 @@ class Stats:
     ``flops`` and ``macs`` are hardware figures: what the kernels executed. ``masked_flops``
     and ``masked_macs`` are the part of them spent on masked (query, key) pairs of attention
     (a causal, sliding-window or document mask computed densely, a BlockMask's partial
-    blocks): work that ran but that the model does not need. ``model_flops`` /
+    blocks) and on a fused attention backward's recomputation of the scores: work that ran
+    but that the model does not need. ``model_flops`` /
     ``model_macs`` are the rest (docs/conventions.md, "Hardware and model flops")."""
 
     calls: int = 0
@@ -105,7 +106,7 @@ class Stats:
     bytes_written: int = 0
     comm_bytes: int = 0
     comm_alg_bytes: int = 0
-    masked_flops: int = 0  # of ``flops``: spent on masked attention pairs
+    masked_flops: int = 0  # of ``flops``: masked attention pairs, kernels' recompute
     masked_macs: int = 0  # of ``macs``: likewise
     latency_s: Optional[float] = None
 

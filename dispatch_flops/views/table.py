@@ -401,8 +401,10 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
         lines.append(f"Model flops ({passes}): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
     if counter.total.masked_flops:
-        lines.append(f"Masked attention pairs computed: {human(counter.total.masked_flops)} "
-                     "flops (FLOPs count them; model flops and MFU do not)")
+        # the hardware-only share: masked pairs, and a fused backward's recomputed q·kᵀ
+        lines.append(f"Masked + recomputed attention work: "
+                     f"{human(counter.total.masked_flops)} flops (FLOPs count them; model flops "
+                     "and MFU do not)")
     if OTHER in shown:
         lines.append("Other: ops run while none of the model's modules ran (a loss after the "
                      "model, gradient clipping) and their backward")
