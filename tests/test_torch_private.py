@@ -77,7 +77,8 @@ def test_an_optional_rename_warns_once_naming_the_feature(private, monkeypatch,
     assert found[same.index(private.name)] is private.fallback
     mine = [w for w in caught if issubclass(w.category, RuntimeWarning)]
     if not applies:  # not this build's (CUDA, distributed, torch < 2.9): nothing to say
-        assert not mine
+        # (of it: another API of the same feature, hidden too, may apply and warn)
+        assert not [w for w in mine if private.name in str(w.message)]
         return
     assert len(mine) == 1, [str(w.message) for w in mine]
     message = str(mine[0].message)

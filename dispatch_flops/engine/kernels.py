@@ -363,6 +363,19 @@ def from_chrome_trace(trace: Mapping) -> tuple[list[HostEvent], list[DeviceActiv
     return host, device
 
 
+def _activity_kind(event) -> str:
+    """Kineto's name for an event's activity. torch 2.8's ``_KinetoEvent`` has no
+    ``activity_type()``: there it is told from the device and the annotation flag, which
+    cannot tell a launch record (``cuda_runtime``) from an op, nor a memcpy from a kernel, so
+    on 2.8 kernels no op encloses go unlinked and every device activity counts as a kernel."""
+    activity_type = getattr(event, "activity_type", None)
+    if activity_type is not None:
+        return str(activity_type())
+    if "CUDA" in str(event.device_type()) or "HIP" in str(event.device_type()):
+        return "kernel"
+    return "user_annotation" if event.is_user_annotation() else "cpu_op"
+
+
 def from_kineto(events: Iterable) -> tuple[list[HostEvent], list[DeviceActivity]]:
     """The host events and device activities of ``_KinetoEvent``s (a ``_ProfilerResult``'s
     ``events()``). A device activity's ``linked_correlation_id()`` is the ``correlation_id()``
@@ -372,7 +385,7 @@ def from_kineto(events: Iterable) -> tuple[list[HostEvent], list[DeviceActivity]
     host: list[HostEvent] = []
     device: list[DeviceActivity] = []
     for event in events:
-        kind = str(event.activity_type())
+        kind = _activity_kind(event)
         if kind in DEVICE_KINDS:
             device.append(DeviceActivity(
                 kind, event.name(), event.device_index(), event.device_resource_id(),

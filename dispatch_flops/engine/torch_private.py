@@ -226,7 +226,9 @@ TABLE: tuple[Private, ...] = (
     Private(_C10D + "_get_default_store", GATHER, applies=_distributed),
     Private("torch/distributed/tensor/_sharding_prop.py", DTENSOR, applies=_distributed,
             find=lambda: _torch_file("distributed/tensor/_sharding_prop.py")),
-    Private("torch/distributed/tensor/_decompositions.py", DTENSOR, applies=_distributed,
+    # DTensor's propagation by decomposition came after torch 2.8 (2.8 has no such file)
+    Private("torch/distributed/tensor/_decompositions.py", DTENSOR,
+            applies=lambda: _distributed() and not _before_2_9(),
             find=lambda: _torch_file("distributed/tensor/_decompositions.py")),
     Private("torch/distributed/_functional_collectives.py", DTENSOR, applies=_distributed,
             find=lambda: _torch_file("distributed/_functional_collectives.py")),
