@@ -5,6 +5,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dispatch_flops import FlopCounter
 from dispatch_flops.models import GPT, GPTConfig
+from dispatch_flops.results.stats import Stats
 
 
 def ours(fn, *args, model=None, **kwargs):
@@ -42,3 +43,12 @@ def tiny_ids(batch: int = 2, tokens: int = 8, config: GPTConfig = TINY):
 def step(model, idx):
     """One forward + backward."""
     model(idx).sum().backward()
+
+
+def attention_stats(fc) -> Stats:
+    """The counts of the attention ops alone (SDPA kernels, flex operators)."""
+    total = Stats()
+    for name, stats in fc.by_operator().items():
+        if "attention" in name:
+            total = total + stats
+    return total

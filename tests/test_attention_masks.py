@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from dispatch_flops import FlopCounter
 from dispatch_flops.formulas import ELEMENT_COSTS
 from dispatch_flops.results.stats import Stats
+from helpers import attention_stats
 
 B, H, D = 1, 2, 16
 SCALE_SOFTMAX = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"]
@@ -69,13 +70,6 @@ def block_pairs(block_mask, s_q: int, s_k: int) -> int:
     return n
 
 
-def attention_stats(fc) -> Stats:
-    """The counts of the attention ops alone (SDPA kernels, flex operators)."""
-    total = Stats()
-    for name, stats in fc.by_operator().items():
-        if "attention" in name:
-            total = total + stats
-    return total
 
 
 # -- the configurations ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter
 from dispatch_flops.results.stats import Stats
+from helpers import attention_stats
 
 aten = torch.ops.aten
 B, S, D = 2, 16, 8
@@ -88,12 +89,6 @@ def mask_of(allowed, s_q: int, s_k: int) -> torch.Tensor:
     return torch.tensor([[bool(allowed(i, j)) for j in range(s_k)] for i in range(s_q)])
 
 
-def attention_stats(fc) -> Stats:
-    total = Stats()
-    for name, stats in fc.by_operator().items():
-        if "attention" in name:
-            total = total + stats
-    return total
 
 
 # -- one call through each kernel ---------------------------------------------------------------
