@@ -402,6 +402,8 @@ def test_the_math_backward_finds_the_masked_pairs_the_kernels_do(config):
     forward contractions, four backward), as the CPU flash kernel's, whose fifth backward
     contraction (q·kᵀ again) is hardware only; hardware MACs differ by exactly that."""
     mask_name, h_kv, dropout, dtype = config
+    if h_kv != 4 and torch.__version__ < "2.9":
+        pytest.skip("torch 2.8's CPU flash kernel takes no GQA call (no available kernel)")
     kind, allowed = MASKS[mask_name]
     is_causal = kind == "is_causal"
     mask = None
