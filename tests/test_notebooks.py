@@ -34,6 +34,15 @@ def kernel(tmp_path, monkeypatch):
     return "python3"
 
 
+def _machine_load(text: str) -> bool:
+    """Whether every warning in ``text`` is one a loaded machine causes: a calibration whose
+    rounds disagree, or utilisation above a calibrated peak."""
+    warned = [line for line in text.splitlines() if "Warning:" in line]
+    return bool(warned) and all(
+        "CalibrationWarning" in line or ("UtilisationWarning" in line and "calibrated" in line)
+        for line in warned)
+
+
 def execute(name, kernel, workdir):
     raw = json.loads((NOTEBOOKS / name).read_text())  # as committed: nbformat.read fills ids
     assert all("id" in cell for cell in raw["cells"]), f"{name}: cells without an id"
@@ -50,10 +59,13 @@ def execute(name, kernel, workdir):
     # a reader sees what the cells print: no warnings (deprecations, missing peaks) among it
     # (but tqdm's "IProgress not found": ipywidgets, which the notebooks extra's jupyter
     # brings, is not among the test extra's packages)
+    # (nor the calibration's own verdict on a busy machine, which the notebook cannot help:
+    # rounds that disagree, or a step that beat the peak a busy minute measured)
     printed = [(cell.source[:60], output.get("text", "")) for cell in book.cells
                if cell.cell_type == "code" for output in cell.outputs
                if (output.get("name") == "stderr" or "Warning" in output.get("text", ""))
-               and "IProgress not found" not in output.get("text", "")]
+               and "IProgress not found" not in output.get("text", "")
+               and not _machine_load(output.get("text", ""))]
     assert not printed, (name, printed)
     return book, seconds
 

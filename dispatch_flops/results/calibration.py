@@ -199,6 +199,16 @@ def calibrate(device: Union[str, torch.device, None], budget_s: Optional[float],
         thread.join()
     if "error" in result:
         raise result["error"]
+    calibration = result["value"][-1]
+    if calibration.largest_spread > SPREAD_WARNED:
+        # warned here, on the caller's thread: pointing at the caller's line, not threading's
+        spread = calibration.spread
+        worst = max(spread, key=lambda k: spread[k])
+        warnings.warn(f"calibrate: the {calibration.rounds} rounds' figures disagree by up to "
+                      f"{calibration.largest_spread:.0%} ({worst}): the machine is busy, so "
+                      "these peaks are unsure; calibrate again on an idle machine, or pass "
+                      "your own figures (DeviceSpec.cpu(...))", CalibrationWarning,
+                      stacklevel=3)
     return result["value"]
 
 
@@ -269,13 +279,6 @@ def _measure(resolved: torch.device, kind: str, budget_s: float, name: Optional[
         raise RuntimeError(f"calibrate: could not time a float32 matmul and a copy on "
                            f"{resolved} within {budget_s:g} s; give a larger budget_s")
     calibration = Calibration(rounds, spread, left_out)
-    if calibration.largest_spread > SPREAD_WARNED:
-        worst = max(spread, key=lambda k: spread[k])
-        warnings.warn(f"calibrate: the {rounds} rounds' figures disagree by up to "
-                      f"{calibration.largest_spread:.0%} ({worst}): the machine is busy, so "
-                      "these peaks are unsure; calibrate again on an idle machine, or pass "
-                      "your own figures (DeviceSpec.cpu(...))", CalibrationWarning,
-                      stacklevel=3)
     label = name or (torch.cuda.get_device_name(resolved) if kind == "gpu" else "cpu")
     identity = None
     if kind == "gpu":  # what names it in DEVICES, whose links it keeps (links are not timed)
