@@ -378,12 +378,20 @@ class _Shadows:
                 del self.kept[key]
             while len(self.kept) >= 4096:
                 del self.kept[next(iter(self.kept))]
-        self.kept[id(t)] = (weakref.ref(t), value)
+        key = id(t)
+
+        def dropped(ref, key=key) -> None:  # the meta tensor is gone: so are its values
+            if self.kept.get(key, (None,))[0] is ref:
+                del self.kept[key]
+        self.kept[key] = (weakref.ref(t, dropped), value)
 
 
 _SHADOWS = _Shadows()
 _MASKING = _Shadows()
-SHADOW_MOST = 1 << 26  # elements: a larger mask is left without values (as any meta tensor)
+# elements (16 MB of float32): a larger mask is left without values, as any meta tensor, so
+# that counting a full-size model on meta stays fast and small (a 70 B model's 4,096-token
+# causal mask would be 16.7 M elements per layer)
+SHADOW_MOST = 1 << 22
 _SHADOWED = ("ones", "zeros", "full", "scalar_tensor", "arange", "new_ones", "new_zeros",
              "new_full", "tril", "triu", "where", "le", "lt", "ge", "gt", "eq", "ne",
              "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and",
