@@ -302,3 +302,76 @@ def test_kernel_timing_gives_replay_kernels_to_captured_ops(monkeypatch):
     assert found.attributed_ns + found.outside_ns == found.device_ns
     assert found.graph_replays == 2
 
+
+
+
+class AnnotationModule:
+    """``torch.cuda._graph_annotations``' functions that ``TorchAnnotations`` calls, over a
+    map holding a user's annotations beside ours (one merged with a user scope's)."""
+
+    def __init__(self) -> None:
+        self._annotations_enabled = False
+        self.kept = {5: [{"dispatch_flops": 0}], 6: [{"dispatch_flops": 1, "str": "phase_A"}],
+                     7: ["user's"]}
+        self.calls: list = []
+
+    def _is_tools_id_unavailable(self) -> bool:
+        return False
+
+    def enable_annotations(self) -> None:
+        self._annotations_enabled = True
+
+    def disable_annotations(self) -> None:
+        self._annotations_enabled = False
+
+    def resolve_pending_annotations(self) -> None:
+        self.calls.append("resolve")
+
+    def remap_to_exec_graph(self, g) -> None:
+        self.calls.append("remap")
+
+    def get_kernel_annotations(self) -> dict:
+        return self.kept
+
+
+def test_torch_annotations_take_our_labels_out_and_leave_the_users():
+    annotations = _graphs.TorchAnnotations()
+    module = annotations.module = AnnotationModule()
+    assert annotations.available()
+    annotations.begin()
+    assert module._annotations_enabled
+    assert annotations.end(StandInGraph()) == {5: 0, 6: 1}
+    assert module.calls == ["resolve", "remap"]
+    assert module.kept == {6: [{"str": "phase_A"}], 7: ["user's"]}
+    assert not module._annotations_enabled  # as the user had it
+    annotations.module = None  # a torch without them (before 2.13): no mapping
+    assert not annotations.available()
+
+
+# -- torch.compile(mode="reduce-overhead") ---------------------------------------------------
+
+
+@pytest.mark.slow  # compiles
+def test_reduce_overhead_counts_and_times_every_call():
+    """On the CPU reduce-overhead has no CUDA graphs: each call runs the compiled graph,
+    counted per call (the eager oracle's counts times the calls) and timed whole per call;
+    no ``cuda_graph:replay`` row (a cudagraph tree's replays are the compiled run's)."""
+    torch._dynamo.reset()
+    model, x = model_and_input()
+    x.requires_grad_(True)
+    step = eager(model, x, backward=True)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    compiled(x).sum().backward()  # compiles
+    with FlopCounter(model, timing=True) as fc:
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)  # as the eager oracle: no accumulation
+            x.grad = None
+            compiled(x).sum().backward()
+    assert fc.total.flops == 3 * step.total.flops
+    assert fc.total.macs == 3 * step.total.macs
+    for name, stats in step.by_module().items():
+        assert fc.by_module()[name].exclusive.flops == 3 * stats.exclusive.flops, name
+    (stack, (runs, forward, backward)), = fc.to_profile().graph_runs.items()
+    assert stack == ("",) and runs == 3 and forward > 0 and backward > 0
+    assert _graphs.REPLAY_ROW not in fc.by_operator()
+    torch._dynamo.reset()
