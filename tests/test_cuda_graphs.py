@@ -301,6 +301,13 @@ def test_kernel_timing_gives_replay_kernels_to_captured_ops(monkeypatch):
     found = fc.timer.found
     assert found.attributed_ns + found.outside_ns == found.device_ns
     assert found.graph_replays == 2
+    # the blocks between samples reuse each captured op's kernel time per call
+    for _ in range(2):
+        with FlopCounter(model, timing="kernels") as between:
+            g.replay()
+        assert between.timer.estimated
+        assert between.by_operator()["aten.addmm"].latency_s == \
+            pytest.approx(ops["aten.addmm"].latency_s / 2)
 
 
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from dispatch_flops.engine.kineto import KernelTimer
+from dispatch_flops.engine.kineto import KernelTimer, replayed
 from dispatch_flops.engine.ledger import BACKWARD_I, Frame
 from dispatch_flops.engine.records import CALLS, NS, SIGNATURE
 from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack as _mode_stack
@@ -412,6 +412,7 @@ def _replay(original):
                 _note_uncounted(tracker)
             else:
                 PerReplay.add(tracker, *found)
+                replayed(tracker.timer, found[1])
         return result
 
     return replay

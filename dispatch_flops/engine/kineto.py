@@ -37,7 +37,7 @@ from dispatch_flops.engine.kernels import (
     from_kineto,
     join,
 )
-from dispatch_flops.engine.records import CALLS, SIGNATURE
+from dispatch_flops.engine.records import CALLS, NS, SIGNATURE
 from dispatch_flops.engine.timing import CudaTimer, Timer
 from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.results.rows import KERNEL_ROW_PREFIX, ROW, RowKey
@@ -252,6 +252,14 @@ class EstimatingTimer(ModuleEventTimer):
             if signature is not None and signature in per_call:
                 counts[index] += round(per_call[signature] * counts[CALLS])
         self.sampler.step_done()
+
+
+def replayed(timer, records) -> None:
+    """A CUDA graph replay added to ``records`` (engine.cuda_graphs): a sampled block learns
+    their kernel time per call, a block between samples gives them their estimate."""
+    if isinstance(timer, (KernelTimer, EstimatingTimer)):
+        for rec in records:
+            timer._records[id(rec)] = (rec, NS)
 
 
 def _by_signature(records, with_ns: bool) -> dict:
