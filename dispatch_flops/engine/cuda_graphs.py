@@ -22,7 +22,9 @@ op (``torch.cuda._graph_annotations``: ``cudaGraphNodeGetToolsId``, cuda.binding
 13.1 driver), the counting mode's runner is wrapped for the length of the capture so that each
 op is a ``mark_kernels`` scope, and the kernels Kineto reports with that ``graph node id`` go
 to the op's record; the rest go to the module around the replay as ``kernel:<name>`` rows
-(``engine.kernels.join``). Host clock and CUDA-event timing give replays no time per op.
+(``engine.kernels.join``). A replay's records join the kernel sampler like dispatched ops':
+learned on sampled blocks, estimated per call between them. Host clock and CUDA-event timing
+give replays no time per op.
 
 **Never patched while no counter counts.** ``capture_begin``, ``capture_end`` and ``replay`` of
 ``torch.cuda.CUDAGraph`` are wrapped when the first counter enters and put back when the last
@@ -62,7 +64,6 @@ _PATCHED: list = []  # (class, method name, the class's own function)
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> PerReplay
 _CAPTURING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> _Capture
 _UNCOUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tracker -> Counter
-ANNOTATIONS: Callable[[], Any] = lambda: TorchAnnotations()  # noqa: E731 (the tests' seam)
 
 
 # -- what a graph captured ----------------------------------------------------------------
@@ -312,6 +313,9 @@ class TorchAnnotations:
         return found
 
 
+ANNOTATIONS: Callable[[], Any] = TorchAnnotations  # what names graph nodes (the tests' seam)
+
+
 # -- the wrapped methods --------------------------------------------------------------------
 
 
@@ -483,5 +487,10 @@ def enter(mode, tracker) -> None:
 def leave(mode) -> None:
     with _LOCK:
         _COUNTERS[:] = [(m, t) for m, t in _COUNTERS if m is not mode]
+        for capture in list(_CAPTURING.values()):  # a capture never ended: runner back
+            swapped = capture.swapped
+            if swapped is not None and swapped[0] is mode and \
+                    isinstance(mode.runner, _Annotating):
+                mode.runner = swapped[1]
         if not _COUNTERS:
             _unpatch()
