@@ -19,6 +19,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
 from dispatch_flops.engine import compiled as _compiled
+from dispatch_flops.engine import cuda_graphs as _cuda_graphs
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
@@ -181,6 +182,8 @@ class FlopCounter(ProfileViews):
                 saved_tensors_hooks(parts.saved.pack, parts.saved.unpack).__enter__()
             parts.compiled = True
             _compiled.enter(mode, tracker)
+            parts.graphs = True
+            _cuda_graphs.enter(mode, tracker)
         except BaseException:
             _undo(parts.steps(self, None))  # what it raises is second to what got here
             self._parts = None
@@ -308,6 +311,7 @@ class FlopCounter(ProfileViews):
         tracker, mode = self._tracker, self._mode
         assert tracker is not None and mode is not None  # entered: see to_profile
         rows = counts.rows(self.attention == "causal")  # the deprecated option, applied here
+        rows += _cuda_graphs.uncounted_rows(tracker)  # replays of graphs captured uncounted
         if isinstance(self._timer, KernelTimer) and not self._active:  # kernels no op launched
             rows += self._timer.outside_rows(tracker.ledger.frames, tracker.ledger.root.stack)
         trace = None
@@ -477,7 +481,7 @@ class _Parts:
     them off again, in reverse, each step safe to run twice."""
 
     __slots__ = ("mode", "relay", "ledger", "tracker", "experts", "saved", "mode_entered",
-                 "compiled")
+                 "compiled", "graphs")
 
     def __init__(self, mode: CountingMode, relay):
         self.mode, self.relay = mode, relay
@@ -485,7 +489,7 @@ class _Parts:
         self.tracker: Optional[ModuleTracker] = None
         self.experts: Optional[ExpertLoad] = None
         self.saved: Optional[SavedActivations] = None
-        self.mode_entered = self.compiled = False
+        self.mode_entered = self.compiled = self.graphs = False
 
     def steps(self, counter: FlopCounter, exc: Optional[tuple]) -> list:
         """The undo steps: ``exc`` is the block's exception triple when the counter was
@@ -498,6 +502,8 @@ class _Parts:
             steps.append(lambda: exit_mode(mode, *(exc or (None, None, None))))
         if self.compiled:
             steps.append(lambda: _compiled.leave(mode))
+        if self.graphs:
+            steps.append(lambda: _cuda_graphs.leave(mode))
         if tracker is not None:
             steps.append(tracker.detach)
         if self.experts is not None:

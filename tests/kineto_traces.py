@@ -154,14 +154,20 @@ class SyntheticGpu:
     activity), and ``stop()`` adds a GPU half in the neutral form the join reads: each
     innermost host op named in ``kernels`` launches its kernels (linked by its id), and each
     host range named ``launch:<kernel>`` (where a raw Triton or extension kernel would be
-    launched, no op open) gets a ``cuLaunchKernel`` and its kernel, with no link."""
+    launched, no op open) gets a ``cuLaunchKernel`` and its kernel, with no link. CUDA graphs
+    (tests/fake_cuda_graph.py): no kernel runs inside a ``cuda_graph_capture`` range, and each
+    ``launch_graph:<n>`` range (a replay) is a ``cudaGraphLaunch`` whose kernels are
+    ``graphs[n]``'s ``(graph node tools id, name, us)``, all with the launch's correlation and
+    linked to the range, as Kineto links a replay's kernels."""
 
-    def __init__(self, kernels: Mapping[str, list], outside_us: float = 5.0) -> None:
+    def __init__(self, kernels: Mapping[str, list], outside_us: float = 5.0,
+                 graphs: Optional[Mapping[int, list]] = None) -> None:
         from dispatch_flops.engine.kineto import KinetoSession
 
         self.session = KinetoSession(cuda=False)
         self.kernels = kernels
         self.outside_us = outside_us
+        self.graphs = graphs if graphs is not None else {}
         self.started = self.stopped = 0
 
     def start(self) -> None:
@@ -177,7 +183,21 @@ class SyntheticGpu:
         ops = [e for e in host if e.kind == K.CPU_OP]
         correlation = count(200000)
         free = max((e.end_ns for e in host), default=0)
+        captures = [e for e in ops if e.name == "cuda_graph_capture"]
         for e in sorted(ops, key=lambda e: e.start_ns):
+            if any(c.thread == e.thread and c.start_ns <= e.start_ns and e.end_ns <= c.end_ns
+                   for c in captures):
+                continue  # captured: recorded into the graph, not run
+            if e.name.startswith("launch_graph:"):
+                c = next(correlation)
+                host.append(K.HostEvent(K.RUNTIME, "cudaGraphLaunch", e.thread, e.start_ns,
+                                        e.end_ns, 0, e.id, c))
+                for node, name, dur in self.graphs.get(int(e.name.split(":")[1]), ()):
+                    ns = round(dur * 1000)
+                    device.append(K.DeviceActivity(K.KERNEL, name, 0, 7, free, free + ns, c,
+                                                   e.id, graph_node=node))
+                    free += ns
+                continue
             if e.name.startswith("launch:"):
                 c = next(correlation)
                 host.append(K.HostEvent(K.DRIVER, "cuLaunchKernel", e.thread, e.start_ns,

@@ -25,6 +25,7 @@ device waiting on the host, named as such and charged to no op.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
@@ -39,6 +40,7 @@ HOST_KINDS = frozenset((CPU_OP, USER_ANNOTATION)) | LAUNCH_KINDS
 
 OP_PREFIX = "df:op:"  # the timer's range around one op call: df:op:<token>
 MARK_PREFIX = "df:mark:"  # the timer's instant at a module boundary: df:mark:<id>
+GRAPH_PREFIX = "df:graph:"  # the timer's range around a CUDA graph replay: df:graph:<n>
 # launches whose correlation every kernel of a CUDA graph replay carries
 GRAPH_LAUNCHES = frozenset(("cudaGraphLaunch", "cudaGraphLaunch_v10000", "cuGraphLaunch",
                             "cuGraphLaunch_ptsz"))
@@ -75,6 +77,7 @@ class DeviceActivity(NamedTuple):
     external_id: int = 0
     grid: tuple = ()
     block: tuple = ()
+    graph_node: int = 0  # a graph replay's kernel: its node's tools id (Kineto's "graph node id")
 
     @property
     def ns(self) -> int:
@@ -214,14 +217,20 @@ def _union_ns(intervals: list) -> int:
 
 
 def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
-         spans: Iterable[tuple[Any, int, int]] = ()) -> KernelJoin:
+         spans: Iterable[tuple[Any, int, int]] = (),
+         graph_ops: Optional[Mapping[int, Mapping[int, int]]] = None) -> KernelJoin:
     """Give each device activity to the op call (``df:op:<token>`` range) that launched it,
     else to the innermost module call open at its launch as an ``Outside`` row. ``spans``:
-    ``(key, start mark id, end mark id)`` per module call; calls with one key add up."""
+    ``(key, start mark id, end mark id)`` per module call; calls with one key add up.
+    ``graph_ops``: per CUDA graph replay (``df:graph:<n>`` range, ``n`` the key), the op token
+    each graph node (tools id) was captured from: a replay's kernel whose node is named there
+    is that op's, as if the op had launched it."""
+    graph_ops = graph_ops or {}
     by_id: dict[int, HostEvent] = {}
     launches: dict[int, HostEvent] = {}
     ranges: dict[int, list] = defaultdict(list)  # thread -> (start, end, host event)
     ops: dict[int, list] = defaultdict(list)  # thread -> (start, end, token)
+    replays: dict[int, list] = defaultdict(list)  # thread -> (start, end, replay)
     marks: dict[int, tuple[int, int]] = {}  # mark id -> (thread, ns)
     for event in host:
         if event.kind in LAUNCH_KINDS:
@@ -238,6 +247,10 @@ def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
         if mark is not None:
             marks[mark] = (event.thread, event.start_ns)
             continue
+        replay = _token(event.name, GRAPH_PREFIX) if graph_ops else None
+        if replay is not None:
+            replays[event.thread].append((event.start_ns, event.end_ns, replay))
+            continue
         if event.name.startswith((BACKWARD_PREFIX, OPTIMIZER_PREFIX)):
             ranges[event.thread].append((event.start_ns, event.end_ns, event))
     calls: dict[int, list] = defaultdict(list)  # thread -> (start, end, key)
@@ -248,6 +261,7 @@ def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
     op_nests = {t: _Nest(v) for t, v in ops.items()}
     call_nests = {t: _Nest(v) for t, v in calls.items()}
     range_nests = {t: _Nest(v) for t, v in ranges.items()}
+    replay_nests = {t: _Nest(v) for t, v in replays.items()}
 
     op_ns: dict[int, int] = defaultdict(int)
     op_kernels: dict[int, int] = defaultdict(int)
@@ -290,6 +304,14 @@ def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
             op_ns[token] += ns
             op_kernels[token] += 1
             continue
+        replay_nest = replay_nests.get(thread) if activity.graph_node else None
+        r = replay_nest.innermost(start, end) if replay_nest is not None else -1
+        if replay_nest is not None and r >= 0:
+            token = graph_ops.get(replay_nest.values[r], {}).get(activity.graph_node)
+            if token is not None:
+                op_ns[token] += ns
+                op_kernels[token] += 1
+                continue
         _add_outside(outside, key, _phase(range_nests.get(thread), start, end, k >= 0),
                      activity, graph)
     by_key: dict[Any, list] = {}
@@ -353,7 +375,8 @@ def from_chrome_trace(trace: Mapping) -> tuple[list[HostEvent], list[DeviceActiv
                 kind, event.get("name", ""), int(args.get("device", event.get("pid", 0))),
                 int(args.get("stream", event.get("tid", 0))), start, end,
                 int(args.get("correlation", 0)), external,
-                tuple(args.get("grid", ())), tuple(args.get("block", ()))))
+                tuple(args.get("grid", ())), tuple(args.get("block", ())),
+                int(args.get("graph node id", 0))))
         elif kind in LAUNCH_KINDS:
             host.append(HostEvent(kind, event.get("name", ""), int(event.get("tid", 0)),
                                   start, end, 0, external, int(args.get("correlation", 0))))
@@ -376,6 +399,19 @@ def _activity_kind(event) -> str:
     return "user_annotation" if event.is_user_annotation() else "cpu_op"
 
 
+_GRAPH_NODE = re.compile(r'"graph node id":\s*(\d+)')
+
+
+def _graph_node(event) -> int:
+    """A kernel's graph node tools id from its Kineto metadata (0: not a graph replay's, or a
+    torch whose ``_KinetoEvent`` has no ``metadata_json``)."""
+    metadata = getattr(event, "metadata_json", None)
+    if metadata is None:
+        return 0
+    found = _GRAPH_NODE.search(metadata() or "")
+    return int(found.group(1)) if found else 0
+
+
 def from_kineto(events: Iterable) -> tuple[list[HostEvent], list[DeviceActivity]]:
     """The host events and device activities of ``_KinetoEvent``s (a ``_ProfilerResult``'s
     ``events()``). A device activity's ``linked_correlation_id()`` is the ``correlation_id()``
@@ -390,7 +426,7 @@ def from_kineto(events: Iterable) -> tuple[list[HostEvent], list[DeviceActivity]
             device.append(DeviceActivity(
                 kind, event.name(), event.device_index(), event.device_resource_id(),
                 event.start_ns(), event.end_ns(), event.correlation_id(),
-                event.linked_correlation_id()))
+                event.linked_correlation_id(), graph_node=_graph_node(event)))
         elif kind in LAUNCH_KINDS:
             host.append(HostEvent(kind, event.name(), event.device_resource_id(),
                                   event.start_ns(), event.end_ns(), 0,

@@ -29,6 +29,7 @@ from weakref import WeakKeyDictionary
 import torch
 
 from dispatch_flops.engine.kernels import (
+    GRAPH_PREFIX,
     MARK_PREFIX,
     OP_PREFIX,
     KernelJoin,
@@ -36,7 +37,7 @@ from dispatch_flops.engine.kernels import (
     from_kineto,
     join,
 )
-from dispatch_flops.engine.records import CALLS, SIGNATURE
+from dispatch_flops.engine.records import CALLS, NS, SIGNATURE
 from dispatch_flops.engine.timing import CudaTimer, Timer
 from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.results.rows import KERNEL_ROW_PREFIX, ROW, RowKey
@@ -99,6 +100,7 @@ class KernelTimer(Timer):
         self._targets: list = []  # token -> [(counts, index)] the op's time goes to
         self._spans: list = []  # (counts, index, start point, end point) per module call
         self._marks = 0
+        self._replays: list = []  # per CUDA graph replay: {graph node tools id: op token}
         self._events: Optional[tuple] = None
         self.found: Optional[KernelJoin] = None
         self.session.start()
@@ -143,6 +145,19 @@ class KernelTimer(Timer):
     def span(self, counts: list, index: int, start, end) -> None:
         self._spans.append((counts, index, start, end))
 
+    def graph_replay(self, nodes: dict):
+        """A CUDA graph replay (engine.cuda_graphs): ``nodes``, each graph node's (tools id)
+        ``[(counts, index)]``, the records its kernels' time goes to. The range to replay in
+        (None once the block's recording ended)."""
+        ops = {}
+        for tools_id, targets in nodes.items():
+            ops[tools_id] = len(self._targets)
+            self._targets.append(list(targets))
+        self._replays.append(ops)
+        if not self._recording:
+            return None
+        return _fast_range(f"{GRAPH_PREFIX}{len(self._replays) - 1}")
+
     def _stop(self) -> None:
         self._recording = False
         self._events = self.session.stop()
@@ -156,7 +171,7 @@ class KernelTimer(Timer):
         assert self._events is not None
         host, device = self._events
         spans = [(i, start.id, end.id) for i, (_, _, start, end) in enumerate(self._spans)]
-        found = join(host, device, spans)
+        found = join(host, device, spans, dict(enumerate(self._replays)))
         for token, ns in found.op_ns.items():
             for counts, index in self._targets[token] or ():
                 counts[index] += ns
@@ -174,15 +189,16 @@ class KernelTimer(Timer):
         """Profile rows for the kernels no op launched: one per (module stack, phase, kernel
         name), operator ``kernel:<name>``, unsupported (flops unknown), with calls and ns.
         ``frames``: the ledger's (a module call's span list names its frame); ``root``: the
-        stack of what ran outside every module call. Kernels inside a span that is no frame's
-        (a compiled graph's run) are that run's time already: no row."""
+        stack of what ran outside every module call (the block's own span too). Kernels
+        inside a span that is no frame's (a compiled graph's run) are that run's time
+        already: no row."""
         self.resolve()
         assert self.found is not None
         stack_of = {id(frame.span): frame.stack for frame in frames}
         rows: dict = {}
         for row in self.found.outside:
             stack = root
-            if row.call is not None:
+            if row.call is not None and not self._spans[row.call][3].block_end:
                 found = stack_of.get(id(self._spans[row.call][0]))
                 if found is None:
                     continue
@@ -236,6 +252,14 @@ class EstimatingTimer(ModuleEventTimer):
             if signature is not None and signature in per_call:
                 counts[index] += round(per_call[signature] * counts[CALLS])
         self.sampler.step_done()
+
+
+def replayed(timer, records) -> None:
+    """A CUDA graph replay added to ``records`` (engine.cuda_graphs): a sampled block learns
+    their kernel time per call, a block between samples gives them their estimate."""
+    if isinstance(timer, (KernelTimer, EstimatingTimer)):
+        for rec in records:
+            timer._records[id(rec)] = (rec, NS)
 
 
 def _by_signature(records, with_ns: bool) -> dict:

@@ -21,7 +21,8 @@ device the timer has used, on that device's current stream; the block's end mark
 every stream the timer used, so that work on side streams falls inside the wall.
 
 Inside CUDA graph capture no event is recorded (captured events cannot be queried): captured
-ops are counted once, with no time, and a graph's replays bypass dispatch altogether.
+ops are counted per replay (``engine.cuda_graphs``), with no time per op: a graph's replays
+bypass dispatch (``timing="kernels"`` times them by their kernels).
 """
 
 from __future__ import annotations
@@ -201,9 +202,9 @@ class _CudaState:
 _STATE = _CudaState()
 
 _CAPTURE_WARNING = (
-    "dispatch_flops: ops captured into a CUDA graph are counted once, at capture, with no "
-    "time; replays of the graph bypass dispatch and are neither counted nor timed per op "
-    "(the block's wall time includes them)")
+    "dispatch_flops: ops captured into a CUDA graph are counted at each replay, not at "
+    "capture; with timing=True replays are not timed per op (the block's wall time includes "
+    "them): timing=\"kernels\" times them by their kernels")
 
 
 def _event(pool: list):

@@ -45,6 +45,8 @@ INTERRUPTED = ("an expert-load hook whose registration an interrupt cut short st
                "its module")
 DTENSOR = "DTensor logical figures may include sharding propagation's ops"
 KERNEL_TIMING = 'timing="kernels" times module boundaries only (no op gets kernel time)'
+GRAPH_NODES = ("CUDA graph replays' kernels are timed as rows under the module around the "
+               "replay, not given to the ops captured")
 
 
 class Private(NamedTuple):
@@ -221,6 +223,7 @@ TABLE: tuple[Private, ...] = (
     Private("torch.autograd.profiler._enable_profiler", KERNEL_TIMING),
     Private("torch.autograd.profiler._disable_profiler", KERNEL_TIMING),
     Private("torch.autograd._profiler_enabled", KERNEL_TIMING),
+    Private("torch.cuda._graph_annotations", GRAPH_NODES, lazy=True),
     Private(_C10D + "_resolve_process_group", GROUPS, fallback=lambda name: _LoneGroup(),
             applies=_distributed),
     Private(_C10D + "_get_default_store", GATHER, applies=_distributed),
