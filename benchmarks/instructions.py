@@ -116,7 +116,7 @@ def _variants(model, step, names):
 
         def _resolve(self, func):
             resolved = super()._resolve(func)
-            resolved.view, resolved.tally = True, None
+            resolved.view, resolved.tally, resolved.shadow = True, None, None
             return resolved
 
     if _SKIP_FRAMES is not None:  # as the counting mode's own code is
@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="also the variants with parts of counting switched off")
     parser.add_argument("--check", action="store_true",
-                        help=f"fail when {GUARDED!r} adds over {TOLERANCE:.0%} more per op "
+                        help=f"fail when {GUARDED!r} adds over {TOLERANCE:.0%}% more per op "
                              "than the baseline")
     parser.add_argument("--record", metavar="WHY", help="write a new baseline, saying why")
     parser.add_argument("--inside", help=argparse.SUPPRESS)  # the run under callgrind

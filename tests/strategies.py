@@ -224,3 +224,26 @@ def module_names(draw, count=2):
     name = st.lists(part, min_size=1, max_size=4).map("".join).filter(
         lambda s: s and "." not in s)
     return draw(st.lists(name, min_size=count, max_size=count, unique=True))
+
+
+@st.composite
+def op_arguments(draw):
+    """What an op's arguments may be at dispatch, as ``(kind, shape)`` specs a test makes
+    tensors of: a plain tensor, a parameter, a tensor subclass, a transposed or an expanded
+    one; with the other values an aten schema passes (ints, floats told apart or not, int
+    lists, tensor lists, None, bools, strings, dtypes)."""
+    shape = st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple)
+    tensor = st.tuples(st.sampled_from(["plain", "parameter", "subclass", "transposed",
+                                        "expanded"]), shape)
+    return {
+        "a": draw(tensor),
+        "b": draw(st.none() | tensor),
+        "sizes": draw(st.lists(st.integers(0, 4), max_size=3)),
+        "f": draw(st.sampled_from([0.0, 1.0, -1.0, 0.5, 1e-3, float("inf")])),
+        "flag": draw(st.booleans()),
+        "how": draw(st.sampled_from(["none", "tanh"])),
+        "ts": draw(st.lists(tensor, max_size=2)),
+        "dtype": draw(st.none() | st.sampled_from(["float32", "float64"])),
+        "scale": draw(st.sampled_from([2.0, 0.25])),
+        "dims": draw(st.lists(st.integers(-2, 2), max_size=2)),
+    }

@@ -467,17 +467,10 @@ def _masking(args, unknown: Tensor, out: Tensor) -> None:
             return
 
 
-def _both(first: Callable, then: Callable) -> Callable:
-    def tally(rec, args, kwargs, out) -> None:
-        first(rec, args, kwargs, out)
-        then(rec, args, kwargs, out)
-
-    return tally
-
-
-def _tallies() -> dict:
+def _tallies() -> tuple[dict, dict]:
     aten = torch.ops.aten
-    found = {}
+    found: dict = {}
+    shadows: dict = {}
 
     def add(name: str, overload: str, tally: Callable) -> None:
         packet = getattr(aten, name, None)
@@ -515,14 +508,22 @@ def _tallies() -> dict:
             if torch.Tag.inplace_view in op.tags or op._schema.name.endswith("_") or \
                     overload.startswith("out"):
                 continue
-            found[op] = _both(found[op], _shadow_tally(op, name)) if op in found else \
-                _shadow_tally(op, name)
-    return found
+            shadows[op] = _shadow_tally(op, name)
+    return found, shadows
 
 
-TALLIES: dict = _tallies()
+# a shadow tally is kept apart from the mask tallies: view, add, mul... are among the
+# commonest ops, and it works only when their output is on meta (the mode asks that first)
+TALLIES, SHADOW_TALLIES = _tallies()
 
 
 def tally_of(func) -> Optional[Callable]:
     """The tally of ``func`` (an op overload), None for ops that read no mask."""
     return TALLIES.get(func)
+
+
+def shadow_tally_of(func) -> Optional[Callable]:
+    """The tally that keeps the CPU values of ``func``'s meta outputs built from shapes
+    (``_SHADOWS``), None for ops that cannot build a mask; to be called only for a call
+    whose output is a meta tensor."""
+    return SHADOW_TALLIES.get(func)

@@ -42,7 +42,7 @@ from dispatch_flops.engine.dtensor import LogicalFigure
 from dispatch_flops.engine.dtensor import unwrapping as _unwrapping
 from dispatch_flops.engine.exotic import exotic_record
 from dispatch_flops.engine.ledger import RECOMPUTE_I, phase_of
-from dispatch_flops.engine.masks import tally_of
+from dispatch_flops.engine.masks import shadow_tally_of, tally_of
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import (
     CALLS,
@@ -100,6 +100,13 @@ def node_phase(node) -> int:
 # per-overload kinds by the registry's movement verdict
 _MOVEMENT_KIND = {Movement.NONE: VIEW, Movement.COPY: COPY, Movement.WRITE: WRITE}
 _COMMUNICATION = Category.COMMUNICATION
+# What a signature asks of each argument first: is it a tensor. ``isinstance(a, Tensor)``
+# answers at once only for a plain tensor; for anything else (a parameter, an int, a list)
+# it calls the tensor metaclass's ``__instancecheck__``, as dear as reading the tensor's
+# shape. So the classes an aten argument most often has are told apart by identity.
+_PARAMETER = torch.nn.Parameter
+_NOT_TENSORS = frozenset((int, float, bool, complex, str, list, tuple, type(None),
+                          torch.dtype, torch.device, torch.layout, torch.memory_format))
 
 
 def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) -> Signature:
@@ -126,7 +133,7 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 class _Resolved:
     __slots__ = ("func", "run", "category", "kind", "view", "formula", "keywords",
                  "with_layouts", "write_only", "mutated", "out_in_signature", "decompose",
-                 "signed", "group_arg", "tally", "dtype")
+                 "signed", "group_arg", "tally", "shadow", "dtype")
 
     def __init__(self, func, category, kind, formula, keywords, write_only,
                  out_in_signature):
@@ -162,6 +169,9 @@ class _Resolved:
         # counts the masked (query, key) pairs of an attention op's mask tensor into the
         # call's record (``engine.masks``); None for every op that takes no mask
         self.tally = tally_of(func)
+        # keeps the values of a meta output built from shapes (``engine.masks``): asked only
+        # for a call whose output is on meta. None for every op that cannot build a mask
+        self.shadow = shadow_tally_of(func)
         self.dtype: Optional[str] = None  # the registry's, where it names the compute dtype
 
     def unpriced(self) -> "_Resolved":
@@ -487,7 +497,9 @@ class CountingMode(TorchDispatchMode):
                     raise EXOTIC
                 sig: list = [key]
                 for a in args:
-                    if isinstance(a, Tensor):
+                    cls = a.__class__
+                    if cls is Tensor or cls is _PARAMETER or \
+                            cls not in _NOT_TENSORS and isinstance(a, Tensor):
                         sig.append(a.shape)
                         sig.append(a.dtype)
                         if not a.is_contiguous():  # a sparse COO tensor never is
@@ -495,11 +507,11 @@ class CountingMode(TorchDispatchMode):
                                 raise EXOTIC
                             sig.append(STRIDED)
                             sig.append(a.stride())
-                    elif a.__class__ is list or a.__class__ is tuple:
+                    elif cls is list or cls is tuple:
                         # an int[] (sizes, dims; an aten list holds one type) as it is: a
                         # sixth of the signature's time went into keying them one by one
                         sig.append(tuple(a) if not a or a[0].__class__ is int else key_of(a))
-                    elif a.__class__ is float and a not in TOLD_APART:
+                    elif cls is float and a not in TOLD_APART:
                         sig.append(FLOAT)
                     else:
                         sig.append(a)
@@ -507,17 +519,19 @@ class CountingMode(TorchDispatchMode):
                     sig.append(KWARGS)
                     for k, v in kwargs.items():
                         sig.append(k)
-                        if v.__class__ is float:  # the optimizers' alpha=, value=
+                        cls = v.__class__
+                        if cls is float:  # the optimizers' alpha=, value=
                             sig.append(v if v in TOLD_APART else FLOAT)
-                        elif v.__class__ is list or v.__class__ is tuple or \
-                                isinstance(v, Tensor):
+                        elif cls is list or cls is tuple or cls is Tensor or \
+                                cls not in _NOT_TENSORS and isinstance(v, Tensor):
                             sig.append(key_of(v))
                         else:  # dtype=, device=, layout=, memory_format=: as key_of keys them
                             sig.append(v)
                 if resolved.out_in_signature:  # see _Resolved.signed
                     sig = resolved.signed(sig, resolved, args, out)
-                elif isinstance(out, Tensor):  # a scalar's type or the default dtype sets it
-                    sig.append(out.dtype)
+                elif (cls := out.__class__) is Tensor or cls is _PARAMETER or \
+                        cls not in _NOT_TENSORS and isinstance(out, Tensor):
+                    sig.append(out.dtype)  # a scalar's type or the default dtype sets it
                 signature = tuple(sig)
                 rec = acc.get(signature)
                 if rec is None:  # the record keeps its signature, worked out once
@@ -528,6 +542,8 @@ class CountingMode(TorchDispatchMode):
                 rec = exotic_record(self, key, resolved, acc, args, kwargs, out)
         if resolved.tally is not None:  # a mask's values: see engine.masks
             resolved.tally(rec, args, kwargs, out)
+        if resolved.shadow is not None and out.__class__ is Tensor and out.is_meta:
+            resolved.shadow(rec, args, kwargs, out)
         if runner is None:
             rec[0] += 1  # CALLS
         else:  # the runner counts the call and its time (NS), under a lock where it needs one
