@@ -22,7 +22,7 @@ from dispatch_flops.engine import compiled as _compiled
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
-from dispatch_flops.engine.kineto import KERNELS, KernelTimer
+from dispatch_flops.engine.kineto import KERNELS, TIMINGS, KernelTimer
 from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
@@ -63,10 +63,13 @@ class FlopCounter(ProfileViews):
     pair (the hardware figure). ``attention="causal"`` is deprecated (a ``FutureWarning``):
     it takes such a kernel to skip the masked pairs exactly (hardware = model), the old way
     to count causal pairs, which ``model_flops`` gives; read that instead.
-    ``timing=True`` also measures latency: two CUDA events on the op's own device and stream
-    around every CUDA op that launches a kernel (pooled, folded as they complete, the rest
-    after one synchronize per device when results are first read), ``perf_counter_ns`` for
-    other ops; module calls and the block are spans between marks (see ``engine.timing``).
+    ``timing=True`` also measures latency. On CUDA each op gets the time of the kernels it
+    launched (Kineto/CUPTI, recorded on one block in ten per model and reused on the others;
+    see ``engine.kineto`` and docs/timing.md), each module call its kernels' span and the
+    idle time inside it; where Kineto cannot record, a warning, and module boundaries only.
+    ``timing="events"`` instead brackets every CUDA op with two CUDA events on its stream
+    (which time the stream, gaps included, not the kernel). Ops on no CUDA device get
+    ``perf_counter_ns``; module calls and the block are spans between marks.
     For medians over warm repeats use ``dispatch_flops.measure``. ``trace=True`` (timing
     implied) also keeps when every op and module call started and ended, for
     ``to_chrome_trace``. ``saved_activations=True`` also counts the bytes autograd saves for
@@ -98,9 +101,10 @@ class FlopCounter(ProfileViews):
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError(f"registry must be a dispatch_flops.formulas.Registry or None, got "
                             f"{type(registry).__name__}")
-        if isinstance(timing, str) and timing != KERNELS:  # TypeError, as for any non-bool
-            raise TypeError(f"timing must be True, False or {KERNELS!r}, got {timing!r}")
-        for flag, value in (("timing", timing == KERNELS or timing),
+        if isinstance(timing, str) and timing not in TIMINGS:
+            raise ValueError(f"timing must be one of True, False, {', '.join(map(repr, TIMINGS))}"
+                             f", got {timing!r}")
+        for flag, value in (("timing", timing in TIMINGS or timing),
                             ("saved_activations", saved_activations), ("trace", trace)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
@@ -112,7 +116,8 @@ class FlopCounter(ProfileViews):
         self.registry = registry if registry is not None else REGISTRY
         self.trace = trace  # a timeline: every op's and module call's start and end
         self.timing = bool(timing) or trace
-        self._kernels = timing == KERNELS  # CUDA ops timed by their kernels (engine.kineto)
+        # CUDA ops timed by their kernels (engine.kineto) unless per-op events are asked for
+        self._kernels = timing is True or timing == KERNELS
         self.saved_activations = saved_activations
         self.root_label = type(model).__name__ if model is not None else GLOBAL
         self._mode: Optional[CountingMode] = None

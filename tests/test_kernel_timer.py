@@ -117,7 +117,7 @@ def test_on_the_cpu_kernels_timing_is_the_host_clock():
 
 
 def test_timing_must_be_a_known_value():
-    with pytest.raises(TypeError, match="True, False or 'kernels'"):
+    with pytest.raises(ValueError, match="True, False, 'kernels', 'events', got 'cupti'"):
         FlopCounter(timing="cupti")
     with pytest.raises(TypeError, match="timing must be True or False"):
         FlopCounter(timing=1)
@@ -163,15 +163,107 @@ def test_unavailable_names_why(monkeypatch):
 
 
 def test_nested_counters_mixing_clocks_count_untimed_and_say_so(gpu, monkeypatch):
-    """A kernel-timed counter nested in another (or one with event timing inside it): ops are
+    """An event-timed counter nested in a kernel-timed one (or the other way round): ops are
     timed by the clock below, which hands out tokens of another kind; the counter above
     counts them untimed, with a warning, and raises nothing."""
     monkeypatch.setattr(_kineto, "unavailable", lambda: None)
     model, x = model_and_input()
     with pytest.warns(UserWarning, match="cannot share one"):
         with FlopCounter(timing="kernels") as outer:
-            with FlopCounter(timing=True) as inner:
+            with FlopCounter(timing="events") as inner:
                 model(x)
     assert inner.by_operator()["aten.addmm"].calls == 2
     assert inner.by_operator()["aten.addmm"].latency_s == 0
     assert outer.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+
+
+def test_a_step_whose_wall_drifts_from_the_reused_times_is_measured_again(gpu, monkeypatch):
+    """Between sampled steps the block's wall (CUDA events at its boundaries: the fake
+    device's ticks) is compared with the op times reused, as a ratio to the first reusing
+    step's: the fake device made twice as slow, the reused times no longer describe the
+    step, and the next one records kernels again, long before SAMPLE_EVERY."""
+    import fake_cuda
+
+    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 100)
+    model, x = model_and_input()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x).sum().backward()
+        fc.to_profile()
+        return fc.timer
+
+    first, reference, steady = step(), step(), step()
+    assert not first.estimated and reference.estimated and steady.estimated
+    assert reference.wall_ns > 0 and reference.reused_ns > 0
+    assert (steady.wall_ns, steady.reused_ns) == (reference.wall_ns, reference.reused_ns)
+    assert not reference.drifted and not steady.drifted
+    monkeypatch.setattr(fake_cuda, "TICK_NS", 2 * fake_cuda.TICK_NS)  # the device slower
+    slow = step()
+    assert slow.estimated and slow.drifted and slow.wall_ns == 2 * steady.wall_ns
+    assert slow.reused_ns == steady.reused_ns  # the reused times alone cannot tell
+    again = step()
+    assert not again.estimated and len(gpu) == 2  # measured again
+    assert step().estimated  # and reused after it
+
+
+class FailingSession:
+    """A Kineto session that raises where ``where`` says ("start" or "stop")."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def start(self) -> None:
+        if self.where == "start":
+            raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED (test)")
+
+    def stop(self):
+        raise RuntimeError("CUPTI_ERROR_INVALID_DEVICE (test)")
+
+
+def test_a_session_failing_to_start_falls_back_and_the_step_runs(monkeypatch):
+    """Kineto raising at start (never run on a GPU by this project yet): the step runs, the
+    counts are whole, a warning names the failure once, and module boundaries are timed by
+    events, never the ops by event pairs."""
+    FakeCuda().install(monkeypatch)
+    monkeypatch.setattr(_kineto, "unavailable", lambda: None)
+    monkeypatch.setattr(_kineto, "_warned", set())
+    monkeypatch.setattr(_kineto, "SESSION", lambda: FailingSession("start"))
+    model, x = model_and_input()
+    with pytest.warns(UserWarning, match="Kineto failed to start.*CUPTI_ERROR_NOT_INIT"):
+        with FlopCounter(model, timing=True) as fc:
+            model(x).sum().backward()
+    assert isinstance(fc.timer, _kineto.ModuleEventTimer)
+    assert fc.by_operator()["aten.addmm"].calls == 2
+    assert fc.by_operator()["aten.addmm"].latency_s == 0
+    assert fc.by_module()["0"].latency_s > 0
+    with warnings.catch_warnings():  # said once
+        warnings.simplefilter("error")
+        with FlopCounter(model, timing=True):
+            model(x)
+
+
+def test_a_session_failing_at_the_blocks_end_leaves_counts_and_says_so(monkeypatch):
+    FakeCuda().install(monkeypatch)
+    monkeypatch.setattr(_kineto, "unavailable", lambda: None)
+    monkeypatch.setattr(_kineto, "SESSION", lambda: FailingSession("stop"))
+    model, x = model_and_input()
+    with pytest.warns(UserWarning, match="stopping Kineto failed.*CUPTI_ERROR_INVALID"):
+        with FlopCounter(timing="kernels") as fc:
+            model(x)
+    assert fc.timer.failure is not None
+    assert fc.by_operator()["aten.addmm"].calls == 2
+    assert fc.by_operator()["aten.addmm"].latency_s == 0
+
+
+def test_timing_true_on_cuda_is_kernel_time_and_events_is_the_opt_out(gpu, monkeypatch):
+    model, x = model_and_input()
+    with FlopCounter(timing=True) as fc:
+        model(x)
+    assert isinstance(fc.timer, _kineto.KernelTimer)
+    assert fc.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+    with FlopCounter(timing="events") as fc:
+        model(x)
+    assert type(fc.timer).__name__ == "CudaTimer"  # an event pair per op, asked for
+    assert fc.by_operator()["aten.addmm"].latency_s > 0

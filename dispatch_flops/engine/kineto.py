@@ -22,6 +22,7 @@ on a GPU yet (docs/timing.md says what to check there).
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 from time import perf_counter_ns
 from typing import Callable, Optional
 from weakref import WeakKeyDictionary
@@ -37,7 +38,7 @@ from dispatch_flops.engine.kernels import (
     join,
 )
 from dispatch_flops.engine.records import CALLS, SIGNATURE
-from dispatch_flops.engine.timing import CudaTimer, Timer
+from dispatch_flops.engine.timing import CudaTimer, Timer, op_device
 from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.results.rows import KERNEL_ROW_PREFIX, ROW, RowKey
 from dispatch_flops.results.stats import UNSUPPORTED, Phase
@@ -47,6 +48,10 @@ _RecordFunctionFast = lookup("torch._C._profiler._RecordFunctionFast")
 _KINETO_APIS = ("torch.autograd.profiler._prepare_profiler",
                 "torch.autograd.profiler._enable_profiler",
                 "torch.autograd.profiler._disable_profiler", "torch.autograd._profiler_enabled")
+
+
+def _device_count() -> int:
+    return torch.cuda.device_count()
 
 
 def _fast_range(name: str):
@@ -67,7 +72,13 @@ class KinetoSession:
     def start(self) -> None:
         p = self._profile
         lookup("torch.autograd.profiler._prepare_profiler")(p.config(), p.kineto_activities)
-        lookup("torch.autograd.profiler._enable_profiler")(p.config(), p.kineto_activities)
+        try:
+            lookup("torch.autograd.profiler._enable_profiler")(p.config(), p.kineto_activities)
+        except BaseException:  # leave no half-started session to the user's profilers
+            with suppress(Exception):
+                if lookup("torch.autograd._profiler_enabled")():
+                    lookup("torch.autograd.profiler._disable_profiler")()
+            raise
 
     def synchronize(self) -> None:
         if self.cuda:
@@ -101,6 +112,7 @@ class KernelTimer(Timer):
         self._marks = 0
         self._events: Optional[tuple] = None
         self.found: Optional[KernelJoin] = None
+        self.failure: Optional[str] = None  # why this block got no kernel times
         self.session.start()
         self._recording = True
 
@@ -145,7 +157,11 @@ class KernelTimer(Timer):
 
     def _stop(self) -> None:
         self._recording = False
-        self._events = self.session.stop()
+        try:
+            self._events = self.session.stop()
+        except Exception as e:  # never run on a GPU yet: a failure costs times, not the step
+            self._failed(e, "stopping")
+            self._events = ((), ())
 
     def resolve(self) -> None:
         """Join the block's activities (once) and land every op's and module call's time."""
@@ -156,7 +172,11 @@ class KernelTimer(Timer):
         assert self._events is not None
         host, device = self._events
         spans = [(i, start.id, end.id) for i, (_, _, start, end) in enumerate(self._spans)]
-        found = join(host, device, spans)
+        try:
+            found = join(host, device, spans)
+        except Exception as e:
+            self._failed(e, "joining")
+            found = KernelJoin()
         for token, ns in found.op_ns.items():
             for counts, index in self._targets[token] or ():
                 counts[index] += ns
@@ -169,6 +189,11 @@ class KernelTimer(Timer):
         self.found = found
         if self.sampler is not None:
             self.sampler.learn(_by_signature(self._records.values(), with_ns=True))
+
+    def _failed(self, error: Exception, doing: str) -> None:
+        self.failure = f"{doing} Kineto failed ({type(error).__name__}: {error})"
+        warnings.warn(f"dispatch_flops: kernel timing: {self.failure}; this block's ops and "
+                      "module calls get no time", stacklevel=4)
 
     def outside_rows(self, frames, root: tuple) -> tuple:
         """Profile rows for the kernels no op launched: one per (module stack, phase, kernel
@@ -198,10 +223,16 @@ class KernelTimer(Timer):
 
 class ModuleEventTimer(CudaTimer):
     """The fallback without Kineto: CUDA events at module boundaries and the block's; ops run
-    untimed (an event pair around an op times its stream, not its kernels)."""
+    untimed (an event pair around an op times its stream, not its kernels). A device first
+    met in an op (no model told the timer of it) gets its anchor there, so that the module
+    boundaries after it are timed on it."""
 
     def run(self, resolved, args, kwargs):
         func = resolved.run
+        if not self._anchors or len(self._anchors) < _device_count():
+            device = op_device(args, kwargs)
+            if device >= 0 and device not in self._anchors:
+                self._stream_of(device)
         return (func(*args, **kwargs) if kwargs else func(*args)), None
 
 
@@ -216,12 +247,21 @@ class EstimatingTimer(ModuleEventTimer):
         self.sampler = sampler
         self._records: dict = {}
         self._landed = False
+        self._wall: Optional[tuple] = None  # (counts, index, value before) of the block's
+        self.wall_ns: Optional[int] = None  # the block's device wall (its end's events)
+        self.reused_ns = 0  # Σ of the op times reused from the sampled block
+        self.drifted = False  # the wall moved from the reused times: the next block samples
 
     estimated = True
 
     def add(self, counts: list, index: int, token) -> None:
         super().add(counts, index, token)
         self._records[id(counts)] = (counts, index)
+
+    def span(self, counts: list, index: int, start, end) -> None:
+        if end.block_end:
+            self._wall = (counts, index, counts[index])
+        super().span(counts, index, start, end)
 
     def resolve(self) -> None:
         super().resolve()
@@ -231,11 +271,18 @@ class EstimatingTimer(ModuleEventTimer):
         records = list(self._records.values())
         self.sampler.estimate(_by_signature(records, with_ns=False))
         per_call = self.sampler.per_call
+        reused = 0
         for counts, index in records:
             signature = counts[SIGNATURE]
             if signature is not None and signature in per_call:
-                counts[index] += round(per_call[signature] * counts[CALLS])
-        self.sampler.step_done()
+                ns = round(per_call[signature] * counts[CALLS])
+                counts[index] += ns
+                reused += ns
+        self.reused_ns = reused
+        if self._wall is not None:  # the block ended: its wall is folded now
+            counts, index, before = self._wall
+            self.wall_ns = counts[index] - before
+        self.drifted = self.sampler.step_done(self.wall_ns, reused)
 
 
 def _by_signature(records, with_ns: bool) -> dict:
@@ -269,12 +316,17 @@ def unavailable() -> Optional[str]:
     return None
 
 
-KERNELS = "kernels"  # FlopCounter(timing=KERNELS)
+KERNELS = "kernels"  # FlopCounter(timing=KERNELS): what timing=True is on CUDA
+EVENTS = "events"  # FlopCounter(timing=EVENTS): a CUDA event pair around each op (opt-out)
+TIMINGS = (KERNELS, EVENTS)  # timing's names (besides True and False)
 _warned: set = set()
 SESSION: Callable[[], object] = KinetoSession  # what records a block (the tests' CPU stand-in)
 
 
 SAMPLE_EVERY = 10  # with a model: kernels recorded on one block in this many (Sampler)
+# the relative drift of an unsampled block's wall / reused-op-time ratio that makes the next
+# block sampled (Sampler): above the few % a GPU step's time wanders by run to run
+DRIFT = 0.10
 _samplers: WeakKeyDictionary = WeakKeyDictionary()  # model -> its Sampler
 
 
@@ -282,16 +334,22 @@ def kernel_timer(devices=(), model=None) -> Timer:
     """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer`` on a sampled block (every
     block without a model), ``EstimatingTimer`` on the others; where Kineto cannot record
     (saying why, once per reason) ``ModuleEventTimer``."""
-    reason = unavailable()
+    try:
+        reason = unavailable()
+    except Exception as e:
+        reason = f"asking Kineto what it records failed ({type(e).__name__}: {e})"
     if reason is None:
-        if model is None:
-            return KernelTimer(SESSION())
-        sampler = _samplers.get(model)
-        if sampler is None:
-            sampler = _samplers[model] = Sampler(SAMPLE_EVERY)
-        if sampler.due():
+        sampler = None
+        if model is not None:
+            sampler = _samplers.get(model)
+            if sampler is None:
+                sampler = _samplers[model] = Sampler(SAMPLE_EVERY, DRIFT)
+            if not sampler.due():
+                return EstimatingTimer(devices, sampler)
+        try:  # never run on a GPU yet: a session that fails to start must not break the step
             return KernelTimer(SESSION(), sampler)
-        return EstimatingTimer(devices, sampler)
+        except Exception as e:
+            reason = f"Kineto failed to start ({type(e).__name__}: {e})"
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"dispatch_flops: kernel timing unavailable: {reason}; timing module "
