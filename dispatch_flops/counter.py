@@ -22,7 +22,7 @@ from dispatch_flops.engine import compiled as _compiled
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
-from dispatch_flops.engine.kineto import KERNELS, TIMINGS, KernelTimer
+from dispatch_flops.engine.kineto import KERNELS, TIMINGS, EstimatingTimer, KernelTimer
 from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
@@ -293,9 +293,13 @@ class FlopCounter(ProfileViews):
         types, params = self._at_exit[1] if self._at_exit is not None and not self._active \
             else _facts.types_and_params(tracker)
         graph_runs, in_graphs = _compiled.graph_facts(tracker)
+        timer = self._timer
+        resolved = timer is not None and not self._active
         facts = ModuleFacts(
             names=_facts.names(tracker), types=types, params=params,
             calls=calls, spans=_facts.spans(tracker, calls) if self.timing else {},
+            idle=_facts.spans(tracker, calls, timer.idle_of)
+            if resolved and isinstance(timer, KernelTimer) and timer.facts() else {},
             saved=self._saved.by_stack(tracker.ledger.frames) if self._saved is not None
             else {},
             graph_runs=graph_runs, in_graphs=in_graphs)
@@ -306,7 +310,10 @@ class FlopCounter(ProfileViews):
             attention_calls=_facts.attention_calls(tracker, mode.resolved),
             parameters=_facts.parameter_groups(tracker, mode.resolved),
             pipeline=tracker.state.pipeline_actions(),
-            experts=self._experts.facts() if self._experts is not None else ())
+            experts=self._experts.facts() if self._experts is not None else (),
+            kernels=timer.facts() if resolved and isinstance(timer, (KernelTimer,
+                                                                      EstimatingTimer))
+            else {})
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured
@@ -441,8 +448,8 @@ def _relay_below(timer: Timer):
 _ALREADY = object()  # a relay below already serves this counter: nothing to undo
 _MIXED_CLOCKS = (
     'dispatch_flops: a timed counter nested in another takes its op times from the clock '
-    'below, and timing="kernels" and timing=True cannot share one: this counter\'s ops are '
-    "counted untimed")
+    'below, and kernel time (timing=True on CUDA) and per-op events (timing="events") cannot '
+    "share one: this counter's ops are counted untimed")
 
 
 def _bottom_clock():

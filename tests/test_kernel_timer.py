@@ -186,12 +186,13 @@ def test_a_step_whose_wall_drifts_from_the_reused_times_is_measured_again(gpu, m
 
     monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 100)
     model, x = model_and_input()
+    profiles = []
 
     def step():
         model.zero_grad(set_to_none=True)
         with FlopCounter(model, timing="kernels") as fc:
             model(x).sum().backward()
-        fc.to_profile()
+        profiles.append(fc.to_profile())
         return fc.timer
 
     first, reference, steady = step(), step(), step()
@@ -206,6 +207,13 @@ def test_a_step_whose_wall_drifts_from_the_reused_times_is_measured_again(gpu, m
     again = step()
     assert not again.estimated and len(gpu) == 2  # measured again
     assert step().estimated  # and reused after it
+    kernel_time = Profile.merge(profiles).kernel_time  # the schedule, in the data
+    assert (kernel_time.measured_steps, kernel_time.reused_steps, kernel_time.drifts) == \
+        (2, 4, 1)
+    assert kernel_time.reused_s == pytest.approx(4 * reference.reused_ns / 1e9)
+    assert "on the 2 recorded block(s)" in Profile.merge(profiles).table()
+    assert "4 blocks reused each op's time (1 drifted and were measured again)" in \
+        Profile.merge(profiles).table()
 
 
 class FailingSession:
@@ -267,3 +275,49 @@ def test_timing_true_on_cuda_is_kernel_time_and_events_is_the_opt_out(gpu, monke
         model(x)
     assert type(fc.timer).__name__ == "CudaTimer"  # an event pair per op, asked for
     assert fc.by_operator()["aten.addmm"].latency_s > 0
+
+
+def test_idle_inside_modules_and_the_joins_findings_are_profile_data(gpu):
+    """The device idle inside each module's forward (its kernels' span minus their union:
+    SyntheticGpu leaves 1 us after each op's kernel) is ModuleStats.idle_s, in the table's
+    footer, in JSON, kept through a load and summed by merge; the join's figures (attributed
+    share, kernels outside ops, dropped records) are Profile.kernel_time."""
+    import dataclasses
+    import json
+
+    model, x = model_and_input()
+    with FlopCounter(model, timing=True) as fc:
+        model(x)
+    modules = fc.by_module()
+    # Block: gemm 10, 1 idle, raw 5, relu 2; the model: Block, 1 idle, the second gemm 10
+    assert modules["0"].idle_s == pytest.approx(1e-6)
+    assert modules[""].idle_s == pytest.approx(2e-6)
+    assert modules["0.linear"].idle_s == 0  # one kernel: nothing idle inside
+    assert modules["0"].latency_s == pytest.approx(18e-6)  # the span: idle included
+    kernel_time = fc.kernel_time
+    assert kernel_time.device_s == pytest.approx(27e-6)
+    assert kernel_time.outside_s == pytest.approx(5e-6)
+    assert kernel_time.attributed_share == pytest.approx(22 / 27)
+    assert (kernel_time.dropped, kernel_time.unlinked, kernel_time.measured_steps) == (0, 0, 1)
+    table = fc.table()
+    assert "Idle (host-bound): 2.00 us inside Sequential's forward (7 % of its span)" in table
+    assert "81.5 % given to ops" in table
+    profile = fc.to_profile()
+    loaded = Profile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert loaded.by_module()["0"].idle_s == pytest.approx(1e-6)
+    assert loaded.kernel_time == kernel_time
+    assert profile.to_dict()["by_module"]["0"]["idle_s"] == pytest.approx(1e-6)
+    merged = Profile.merge([profile, loaded])
+    assert merged.by_module()[""].idle_s == pytest.approx(4e-6)
+    assert merged.kernel_time.measured_steps == 2
+    assert merged.kernel_time.attributed_share == pytest.approx(22 / 27)
+    with FlopCounter(model, timing="events") as events:  # not timed by kernels: none
+        model(x)
+    assert events.by_module()["0"].idle_s is None and events.kernel_time is None
+    assert "Idle (host-bound)" not in events.table()
+    # per_step() means can be fractions of a ns: the file holds whole ones (spans too)
+    facts = profile.module_facts
+    mean = profile.replace(module_facts=dataclasses.replace(
+        facts, idle={**facts.idle, "": 4000 / 3}, spans={**facts.spans, "": 29000 / 3}))
+    loaded = Profile.from_dict(json.loads(json.dumps(mean.to_dict())))
+    assert loaded.module_facts.idle[""] == 1333 and loaded.module_facts.spans[""] == 9667

@@ -113,6 +113,7 @@ class KernelTimer(Timer):
         self._events: Optional[tuple] = None
         self.found: Optional[KernelJoin] = None
         self.failure: Optional[str] = None  # why this block got no kernel times
+        self._idle: dict[int, int] = {}  # id of a span list -> idle ns inside its calls
         self.session.start()
         self._recording = True
 
@@ -180,15 +181,32 @@ class KernelTimer(Timer):
         for token, ns in found.op_ns.items():
             for counts, index in self._targets[token] or ():
                 counts[index] += ns
+        idle = self._idle
         for i, (counts, index, start, end) in enumerate(self._spans):
             if end.block_end:  # the block's wall: the host's, from entry to the last kernel
                 counts[index] += end.ns - start.ns
-            else:  # a module call: its kernels' span on the device
+            else:  # a module call: its kernels' span on the device, and the idle inside
                 call = found.calls.get(i)
-                counts[index] += call.span_ns if call is not None else 0
+                if call is not None:
+                    counts[index] += call.span_ns
+                    idle[id(counts)] = idle.get(id(counts), 0) + call.idle_ns
         self.found = found
         if self.sampler is not None:
             self.sampler.learn(_by_signature(self._records.values(), with_ns=True))
+
+    def idle_of(self, frame) -> int:
+        """ns the device sat idle inside ``frame``'s module calls (``resolve`` first)."""
+        return self._idle.get(id(frame.span), 0)
+
+    def facts(self) -> dict:
+        """``RunFacts.kernels`` of this block (``resolve`` first)."""
+        found = self.found
+        if found is None or self.failure is not None:
+            return {}
+        return {"device_ns": found.device_ns, "attributed_ns": found.attributed_ns,
+                "outside_ns": found.outside_ns, "dropped": found.dropped,
+                "unlinked": found.unlinked, "graph_replays": found.graph_replays,
+                "measured_steps": 1}
 
     def _failed(self, error: Exception, doing: str) -> None:
         self.failure = f"{doing} Kineto failed ({type(error).__name__}: {error})"
@@ -262,6 +280,10 @@ class EstimatingTimer(ModuleEventTimer):
         if end.block_end:
             self._wall = (counts, index, counts[index])
         super().span(counts, index, start, end)
+
+    def facts(self) -> dict:
+        """``RunFacts.kernels`` of this block (``resolve`` first)."""
+        return {"reused_steps": 1, "reused_ns": self.reused_ns, "drifts": int(self.drifted)}
 
     def resolve(self) -> None:
         super().resolve()
