@@ -321,3 +321,18 @@ def test_idle_inside_modules_and_the_joins_findings_are_profile_data(gpu):
         facts, idle={**facts.idle, "": 4000 / 3}, spans={**facts.spans, "": 29000 / 3}))
     loaded = Profile.from_dict(json.loads(json.dumps(mean.to_dict())))
     assert loaded.module_facts.idle[""] == 1333 and loaded.module_facts.spans[""] == 9667
+
+
+def test_the_schedule_holds_when_no_block_is_read(gpu, monkeypatch):
+    """A loop that never reads its counters (a benchmark, a long run read at the end): the
+    recorded block is joined when the next one begins, so the blocks after it reuse its
+    times and the schedule keeps one recorded block in SAMPLE_EVERY."""
+    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 3)
+    model, x = model_and_input()
+    counters = []
+    for _ in range(4):
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x)
+        counters.append(fc)
+    assert [fc.timer.estimated for fc in counters] == [False, True, True, False]
+    assert counters[1].by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)

@@ -417,11 +417,15 @@ class Sampler:
     on every host-bound step). A ratio more than ``tolerance`` away (relative) means the
     reused times no longer describe the step (kernels slower or faster: clocks, contention,
     data-dependent kernels; or the host's pace changed): the next step is sampled.
-    ``learn`` keeps ns per call per signature from a sampled step; ``estimate`` gives an
-    unsampled step's calls those times, and notes the signatures it could not price.
+    The schedule moves when a step begins (``begin``), not when its results are read, so
+    steps whose results nobody reads keep it; with nothing learned yet (a sampled step not
+    read) the next step is sampled too. ``learn`` keeps ns per call per signature from a
+    sampled step; ``estimate`` gives an unsampled step's calls those times, and notes the
+    signatures it could not price.
 
         sampler = Sampler(every=10)
-        if sampler.due():
+        sampled = sampler.due(); sampler.begin(sampled)
+        if sampled:
             ...record kernels, join...; sampler.learn({sig: (calls, ns)})
         else:
             times, missing = sampler.estimate({sig: calls})
@@ -443,14 +447,21 @@ class Sampler:
 
     def due(self) -> bool:
         """Whether the next step records kernels."""
-        return self.since is None or self.stale or self.since + 1 >= self.every
+        return self.since is None or self.stale or not self.per_call or \
+            self.since + 1 >= self.every
+
+    def begin(self, sampled: bool) -> None:
+        """A step begins, sampled or not."""
+        if sampled:  # a new measurement, so a new reference for drift
+            self.since, self.stale, self.ratio = 0, False, None
+        else:
+            self.since = 1 if self.since is None else self.since + 1
 
     def learn(self, measured: Mapping) -> None:
         """A sampled step's ``{signature: (calls, ns)}``."""
         for signature, (calls, ns) in measured.items():
             if calls:
                 self.per_call[signature] = ns / calls
-        self.since, self.stale, self.ratio = 0, False, None
 
     def estimate(self, calls: Mapping) -> tuple[dict, tuple]:
         """``({signature: ns}, signatures with no measured time)`` for an unsampled step's
@@ -471,7 +482,6 @@ class Sampler:
         """An unsampled step ended, with its device wall and the sum of the op times it
         reused: True when their ratio drifted from the reference past the tolerance (the next
         step is then sampled); the first such step since a sampled one sets the reference."""
-        self.since = 1 if self.since is None else self.since + 1
         if not (wall_ns and reused_ns):
             return False
         ratio = wall_ns / reused_ns

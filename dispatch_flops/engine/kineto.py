@@ -352,6 +352,18 @@ DRIFT = 0.10
 _samplers: WeakKeyDictionary = WeakKeyDictionary()  # model -> its Sampler
 
 
+# sampler -> its last recorded block's timer, until joined: a loop that never reads results
+# still learns from it, when the next block begins (its kernels are all in by then: the
+# recorded block synchronized at its end, so the join is host work, outside any block)
+_unread: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _catch_up(sampler: Sampler) -> None:
+    timer = _unread.pop(sampler, None)
+    if timer is not None and timer.found is None and not timer._recording:
+        timer.resolve()
+
+
 def kernel_timer(devices=(), model=None) -> Timer:
     """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer`` on a sampled block (every
     block without a model), ``EstimatingTimer`` on the others; where Kineto cannot record
@@ -366,10 +378,16 @@ def kernel_timer(devices=(), model=None) -> Timer:
             sampler = _samplers.get(model)
             if sampler is None:
                 sampler = _samplers[model] = Sampler(SAMPLE_EVERY, DRIFT)
+            _catch_up(sampler)
             if not sampler.due():
+                sampler.begin(False)
                 return EstimatingTimer(devices, sampler)
         try:  # never run on a GPU yet: a session that fails to start must not break the step
-            return KernelTimer(SESSION(), sampler)
+            timer = KernelTimer(SESSION(), sampler)
+            if sampler is not None:
+                sampler.begin(True)
+                _unread[sampler] = timer
+            return timer
         except Exception as e:
             reason = f"Kineto failed to start ({type(e).__name__}: {e})"
     if reason not in _warned:
