@@ -336,3 +336,21 @@ def test_the_schedule_holds_when_no_block_is_read(gpu, monkeypatch):
         counters.append(fc)
     assert [fc.timer.estimated for fc in counters] == [False, True, True, False]
     assert counters[1].by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+
+
+def test_a_kernel_timed_counter_inside_another_says_why_it_counts_untimed(gpu, monkeypatch):
+    """CUPTI takes one subscriber: the outer counter's. The inner one says so (not "another
+    profiler"), counts its ops untimed, and the outer one keeps its kernel times."""
+    monkeypatch.setattr(_kineto, "_warned", set())
+    model, x = model_and_input()
+    with pytest.warns(UserWarning) as caught:
+        with FlopCounter(timing=True) as outer:
+            with FlopCounter(timing=True) as inner:
+                model(x)
+    said = [str(w.message) for w in caught]
+    assert any("a counter around this one records kernels already" in m for m in said)
+    assert not any("another profiler" in m for m in said)
+    assert len(gpu) == 1  # one session: the outer one's
+    assert inner.by_operator()["aten.addmm"].calls == 2
+    assert inner.by_operator()["aten.addmm"].latency_s == 0
+    assert outer.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)

@@ -25,7 +25,7 @@ import warnings
 from contextlib import suppress
 from time import perf_counter_ns
 from typing import Callable, Optional
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import torch
 
@@ -116,6 +116,7 @@ class KernelTimer(Timer):
         self._idle: dict[int, int] = {}  # id of a span list -> idle ns inside its calls
         self.session.start()
         self._recording = True
+        _RECORDING.add(self)
 
     def run(self, resolved, args, kwargs):
         func = resolved.run
@@ -352,6 +353,10 @@ DRIFT = 0.10
 _samplers: WeakKeyDictionary = WeakKeyDictionary()  # model -> its Sampler
 
 
+_RECORDING: WeakSet = WeakSet()  # kernel timers whose block is being recorded
+_NESTED = ("a counter around this one records kernels already (CUPTI takes one subscriber); "
+           'time nested counters with timing="events" on both, or the outer one only')
+
 # sampler -> its last recorded block's timer, until joined: a loop that never reads results
 # still learns from it, when the next block begins (its kernels are all in by then: the
 # recorded block synchronized at its end, so the join is host work, outside any block)
@@ -369,7 +374,7 @@ def kernel_timer(devices=(), model=None) -> Timer:
     block without a model), ``EstimatingTimer`` on the others; where Kineto cannot record
     (saying why, once per reason) ``ModuleEventTimer``."""
     try:
-        reason = unavailable()
+        reason = _NESTED if any(t._recording for t in _RECORDING) else unavailable()
     except Exception as e:
         reason = f"asking Kineto what it records failed ({type(e).__name__}: {e})"
     if reason is None:
