@@ -188,6 +188,8 @@ class FlopCounter(ProfileViews):
             _compiled.enter(mode, tracker)
         except BaseException:
             _undo(parts.steps(self, None))  # what it raises is second to what got here
+            if isinstance(timer, KernelTimer):  # its Kineto session would outlive the block
+                timer.close()
             self._parts = None
             raise
         self._experts, self._saved = parts.experts, parts.saved

@@ -354,3 +354,31 @@ def test_a_kernel_timed_counter_inside_another_says_why_it_counts_untimed(gpu, m
     assert inner.by_operator()["aten.addmm"].calls == 2
     assert inner.by_operator()["aten.addmm"].latency_s == 0
     assert outer.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+
+
+def test_times_read_inside_the_block_wait_for_its_end_and_the_block_stays_timed(gpu):
+    """resolve_times() inside a kernel-timed block: Kineto hands its records over only when
+    it stops, so nothing lands yet (said once), and the session keeps recording: every op of
+    the block has its kernels' time once it ends."""
+    model, x = model_and_input()
+    with FlopCounter(timing=True) as fc:
+        model(x)
+        with pytest.warns(UserWarning, match="kernel times land when the block ends"):
+            fc.resolve_times()
+        model(x)
+    assert [s.stopped for s in gpu] == [1]
+    assert fc.by_operator()["aten.addmm"].latency_s == pytest.approx(4 * 10e-6)
+
+
+def test_a_block_failing_to_begin_stops_its_kineto_session(gpu, monkeypatch):
+    from dispatch_flops import counter as _counter
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("a tracker that cannot attach (test)")
+
+    monkeypatch.setattr(_counter, "ModuleTracker", fail)
+    model, _ = model_and_input()
+    with pytest.raises(RuntimeError, match="cannot attach"):
+        with FlopCounter(model, timing=True):
+            pass
+    assert [s.stopped for s in gpu] == [1]

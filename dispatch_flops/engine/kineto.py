@@ -114,6 +114,7 @@ class KernelTimer(Timer):
         self.found: Optional[KernelJoin] = None
         self.failure: Optional[str] = None  # why this block got no kernel times
         self._idle: dict[int, int] = {}  # id of a span list -> idle ns inside its calls
+        self._early = False  # read inside the block (said once)
         self.session.start()
         self._recording = True
         _RECORDING.add(self)
@@ -166,11 +167,18 @@ class KernelTimer(Timer):
             self._events = ((), ())
 
     def resolve(self) -> None:
-        """Join the block's activities (once) and land every op's and module call's time."""
+        """Join the block's activities (once) and land every op's and module call's time.
+        Inside the block (``resolve_times()``) nothing lands yet: Kineto hands its records
+        over only when it stops, and stopping would leave the rest of the block untimed."""
         if self.found is not None:
             return
         if self._recording:
-            self._stop()
+            if not self._early:
+                self._early = True
+                warnings.warn("dispatch_flops: kernel times land when the block ends; read "
+                              "inside it, ops have no time yet (timing=\"events\" gives "
+                              "times inside the block)", stacklevel=4)
+            return
         assert self._events is not None
         host, device = self._events
         spans = [(i, start.id, end.id) for i, (_, _, start, end) in enumerate(self._spans)]
@@ -194,6 +202,14 @@ class KernelTimer(Timer):
         self.found = found
         if self.sampler is not None:
             self.sampler.learn(_by_signature(self._records.values(), with_ns=True))
+
+    def close(self) -> None:
+        """Stop recording without a block end (the block failed to begin)."""
+        if self._recording:
+            self._recording = False
+            self._events = ((), ())
+            with suppress(Exception):
+                self.session.stop()
 
     def idle_of(self, frame) -> int:
         """ns the device sat idle inside ``frame``'s module calls (``resolve`` first)."""
