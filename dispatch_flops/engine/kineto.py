@@ -50,10 +50,6 @@ _KINETO_APIS = ("torch.autograd.profiler._prepare_profiler",
                 "torch.autograd.profiler._disable_profiler", "torch.autograd._profiler_enabled")
 
 
-def _device_count() -> int:
-    return torch.cuda.device_count()
-
-
 def _fast_range(name: str):
     return _RecordFunctionFast(name)
 
@@ -258,13 +254,14 @@ class KernelTimer(Timer):
 
 class ModuleEventTimer(CudaTimer):
     """The fallback without Kineto: CUDA events at module boundaries and the block's; ops run
-    untimed (an event pair around an op times its stream, not its kernels). A device first
-    met in an op (no model told the timer of it) gets its anchor there, so that the module
-    boundaries after it are timed on it."""
+    untimed (an event pair around an op times its stream, not its kernels). Where no model
+    told the timer its devices, the first op on a CUDA device anchors it, so that the module
+    boundaries after it are timed there (one test per op until then, none after: this is the
+    reusing blocks' hot path too)."""
 
     def run(self, resolved, args, kwargs):
         func = resolved.run
-        if not self._anchors or len(self._anchors) < _device_count():
+        if not self._anchors:
             device = op_device(args, kwargs)
             if device >= 0 and device not in self._anchors:
                 self._stream_of(device)
