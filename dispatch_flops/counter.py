@@ -23,7 +23,7 @@ from dispatch_flops.engine import cuda_graphs as _cuda_graphs
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
-from dispatch_flops.engine.kineto import KERNELS, KernelTimer
+from dispatch_flops.engine.kineto import KERNELS, TIMINGS, EstimatingTimer, KernelTimer
 from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
@@ -64,10 +64,13 @@ class FlopCounter(ProfileViews):
     pair (the hardware figure). ``attention="causal"`` is deprecated (a ``FutureWarning``):
     it takes such a kernel to skip the masked pairs exactly (hardware = model), the old way
     to count causal pairs, which ``model_flops`` gives; read that instead.
-    ``timing=True`` also measures latency: two CUDA events on the op's own device and stream
-    around every CUDA op that launches a kernel (pooled, folded as they complete, the rest
-    after one synchronize per device when results are first read), ``perf_counter_ns`` for
-    other ops; module calls and the block are spans between marks (see ``engine.timing``).
+    ``timing=True`` also measures latency. On CUDA each op gets the time of the kernels it
+    launched (Kineto/CUPTI, recorded on one block in ten per model and reused on the others;
+    see ``engine.kineto`` and docs/timing.md), each module call its kernels' span and the
+    idle time inside it; where Kineto cannot record, a warning, and module boundaries only.
+    ``timing="events"`` instead brackets every CUDA op with two CUDA events on its stream
+    (which time the stream, gaps included, not the kernel). Ops on no CUDA device get
+    ``perf_counter_ns``; module calls and the block are spans between marks.
     For medians over warm repeats use ``dispatch_flops.measure``. ``trace=True`` (timing
     implied) also keeps when every op and module call started and ended, for
     ``to_chrome_trace``. ``saved_activations=True`` also counts the bytes autograd saves for
@@ -99,9 +102,10 @@ class FlopCounter(ProfileViews):
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError(f"registry must be a dispatch_flops.formulas.Registry or None, got "
                             f"{type(registry).__name__}")
-        if isinstance(timing, str) and timing != KERNELS:  # TypeError, as for any non-bool
-            raise TypeError(f"timing must be True, False or {KERNELS!r}, got {timing!r}")
-        for flag, value in (("timing", timing == KERNELS or timing),
+        if isinstance(timing, str) and timing not in TIMINGS:
+            raise ValueError(f"timing must be one of True, False, {', '.join(map(repr, TIMINGS))}"
+                             f", got {timing!r}")
+        for flag, value in (("timing", timing in TIMINGS or timing),
                             ("saved_activations", saved_activations), ("trace", trace)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
@@ -113,7 +117,8 @@ class FlopCounter(ProfileViews):
         self.registry = registry if registry is not None else REGISTRY
         self.trace = trace  # a timeline: every op's and module call's start and end
         self.timing = bool(timing) or trace
-        self._kernels = timing == KERNELS  # CUDA ops timed by their kernels (engine.kineto)
+        # CUDA ops timed by their kernels (engine.kineto) unless per-op events are asked for
+        self._kernels = timing is True or timing == KERNELS
         self.saved_activations = saved_activations
         self.root_label = type(model).__name__ if model is not None else GLOBAL
         self._mode: Optional[CountingMode] = None
@@ -186,6 +191,8 @@ class FlopCounter(ProfileViews):
             _cuda_graphs.enter(mode, tracker)
         except BaseException:
             _undo(parts.steps(self, None))  # what it raises is second to what got here
+            if isinstance(timer, KernelTimer):  # its Kineto session would outlive the block
+                timer.close()
             self._parts = None
             raise
         self._experts, self._saved = parts.experts, parts.saved
@@ -291,9 +298,13 @@ class FlopCounter(ProfileViews):
         types, params = self._at_exit[1] if self._at_exit is not None and not self._active \
             else _facts.types_and_params(tracker)
         graph_runs, in_graphs = _compiled.graph_facts(tracker)
+        timer = self._timer
+        resolved = timer is not None and not self._active
         facts = ModuleFacts(
             names=_facts.names(tracker), types=types, params=params,
             calls=calls, spans=_facts.spans(tracker, calls) if self.timing else {},
+            idle=_facts.spans(tracker, calls, timer.idle_of)
+            if resolved and isinstance(timer, KernelTimer) and timer.facts() else {},
             saved=self._saved.by_stack(tracker.ledger.frames) if self._saved is not None
             else {},
             graph_runs=graph_runs, in_graphs=in_graphs)
@@ -304,7 +315,10 @@ class FlopCounter(ProfileViews):
             attention_calls=_facts.attention_calls(tracker, mode.resolved),
             parameters=_facts.parameter_groups(tracker, mode.resolved),
             pipeline=tracker.state.pipeline_actions(),
-            experts=self._experts.facts() if self._experts is not None else ())
+            experts=self._experts.facts() if self._experts is not None else (),
+            kernels=timer.facts() if resolved and isinstance(timer, (KernelTimer,
+                                                                      EstimatingTimer))
+            else {})
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured
@@ -440,8 +454,8 @@ def _relay_below(timer: Timer):
 _ALREADY = object()  # a relay below already serves this counter: nothing to undo
 _MIXED_CLOCKS = (
     'dispatch_flops: a timed counter nested in another takes its op times from the clock '
-    'below, and timing="kernels" and timing=True cannot share one: this counter\'s ops are '
-    "counted untimed")
+    'below, and kernel time (timing=True on CUDA) and per-op events (timing="events") cannot '
+    "share one: this counter's ops are counted untimed")
 
 
 def _bottom_clock():

@@ -64,7 +64,7 @@ def test_two_devices_each_op_on_its_own_stream_every_device_synchronized(fake):
     torch.manual_seed(0)
     first, second = nn.Linear(4, 4), nn.Linear(4, 4).double()
     x = torch.randn(3, 4)
-    with FlopCounter(timing=True) as fc:
+    with FlopCounter(timing="events") as fc:
         first(x).sum().backward()
         second(x.double()).sum().backward()
     assert fake.records_on(0) and fake.records_on(1)
@@ -76,7 +76,7 @@ def test_two_devices_each_op_on_its_own_stream_every_device_synchronized(fake):
 
 def test_host_to_device_copy_is_timed_on_the_device(fake):
     x = torch.ones(8, dtype=torch.float16)  # a host tensor, by the fake's dtypes
-    with HostDevices(), FlopCounter(timing=True) as fc:
+    with HostDevices(), FlopCounter(timing="events") as fc:
         to_cuda(x)
     assert fc.by_operator()["aten._to_copy"].latency_s * 1e9 == TICK_NS
     assert fake.records_on(0) >= 2
@@ -84,7 +84,7 @@ def test_host_to_device_copy_is_timed_on_the_device(fake):
 
 def test_cuda_first_used_inside_the_block(fake):
     assert not fake.initialized
-    with HostDevices(), FlopCounter(timing=True) as fc:
+    with HostDevices(), FlopCounter(timing="events") as fc:
         w = torch.ops.aten.ones.default([4, 4], device=CUDA)
         (w @ w).relu()
     assert fake.initialized
@@ -95,7 +95,7 @@ def test_cuda_first_used_inside_the_block(fake):
 def test_cpu_model_in_a_process_that_touched_cuda_records_no_event(fake):
     fake.initialized, fake.dtypes = True, {}  # CUDA in use, but not by this model
     model = nn.Linear(4, 4)
-    with FlopCounter(model, timing=True) as fc:
+    with FlopCounter(model, timing="events") as fc:
         model(torch.randn(2, 4)).sum().backward()
     assert fc.total.latency_s > 0 and fc.wall_s > 0
     assert not fake.recorded and fake.synced == []
@@ -116,7 +116,7 @@ def test_a_thousand_steps_with_one_counter_hold_bounded_events_and_memory(fake):
     tracemalloc.start()
     try:
         most_pending, sizes = 0, []
-        with FlopCounter(model, timing=True) as fc:
+        with FlopCounter(model, timing="events") as fc:
             for i in range(1000):
                 model(x).sum().backward()
                 most_pending = max(most_pending, fake.pending())
@@ -138,7 +138,7 @@ def test_a_failed_read_can_be_read_again(fake):
     """elapsed_time failing halfway through resolve() adds nothing twice on the next read."""
     model = nn.Linear(4, 4)
     x = torch.randn(2, 4)
-    with FlopCounter(model, timing=True) as fc:
+    with FlopCounter(model, timing="events") as fc:
         model(x).sum().backward()
     fake.fail_elapsed = 3  # the third pair read fails
     with pytest.raises(RuntimeError, match="illegal memory access"):
@@ -147,13 +147,13 @@ def test_a_failed_read_can_be_read_again(fake):
     assert fc.wall_s > 0
 
 
-@pytest.mark.parametrize("outer_timing", [True, False])
+@pytest.mark.parametrize("outer_timing", ["events", False])
 def test_nested_counter_times_the_op_alone(fake, outer_timing):
     """A counter nested in another takes the op's time from the mode below it, which runs
     the op: nothing of the outer counter's work is inside it."""
     w = torch.randn(4, 4)
     with FlopCounter(timing=outer_timing) as outer:
-        with FlopCounter(timing=True) as inner:
+        with FlopCounter(timing="events") as inner:
             (w @ w).relu().sum()
             assert isinstance(outer._mode.runner, _timing.Relay)
         assert not isinstance(outer._mode.runner, _timing.Relay)  # given back
@@ -185,7 +185,7 @@ def test_nested_counter_on_the_cpu_times_the_op_alone(monkeypatch):
     monkeypatch.setattr(_timing, "perf_counter_ns", clock)
     a = torch.randn(8, 8)
     with FlopCounter() as outer:
-        with FlopCounter(timing=True) as inner:
+        with FlopCounter(timing="events") as inner:
             monkeypatch.setattr(_mode, "_current_node", slow)
             a @ a
             monkeypatch.setattr(_mode, "_current_node", real)
@@ -196,7 +196,7 @@ def test_nested_counter_on_the_cpu_times_the_op_alone(monkeypatch):
 
 def test_graph_capture_counts_ops_without_time(fake):
     w = torch.randn(4, 4)
-    with FlopCounter(timing=True) as fc:
+    with FlopCounter(timing="events") as fc:
         w @ w
         fake.capturing = True
         with pytest.warns(UserWarning, match="CUDA graph"):
@@ -208,7 +208,7 @@ def test_graph_capture_counts_ops_without_time(fake):
 
 def test_wall_ends_on_every_stream_used(fake):
     w = torch.randn(4, 4)
-    with FlopCounter(timing=True) as fc:
+    with FlopCounter(timing="events") as fc:
         w @ w
         with fake.stream(0, 7):
             w @ w  # on a side stream

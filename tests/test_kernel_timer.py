@@ -117,7 +117,7 @@ def test_on_the_cpu_kernels_timing_is_the_host_clock():
 
 
 def test_timing_must_be_a_known_value():
-    with pytest.raises(TypeError, match="True, False or 'kernels'"):
+    with pytest.raises(ValueError, match="True, False, 'kernels', 'events', got 'cupti'"):
         FlopCounter(timing="cupti")
     with pytest.raises(TypeError, match="timing must be True or False"):
         FlopCounter(timing=1)
@@ -163,15 +163,222 @@ def test_unavailable_names_why(monkeypatch):
 
 
 def test_nested_counters_mixing_clocks_count_untimed_and_say_so(gpu, monkeypatch):
-    """A kernel-timed counter nested in another (or one with event timing inside it): ops are
+    """An event-timed counter nested in a kernel-timed one (or the other way round): ops are
     timed by the clock below, which hands out tokens of another kind; the counter above
     counts them untimed, with a warning, and raises nothing."""
     monkeypatch.setattr(_kineto, "unavailable", lambda: None)
     model, x = model_and_input()
     with pytest.warns(UserWarning, match="cannot share one"):
         with FlopCounter(timing="kernels") as outer:
-            with FlopCounter(timing=True) as inner:
+            with FlopCounter(timing="events") as inner:
                 model(x)
     assert inner.by_operator()["aten.addmm"].calls == 2
     assert inner.by_operator()["aten.addmm"].latency_s == 0
     assert outer.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+
+
+def test_a_step_whose_wall_drifts_from_the_reused_times_is_measured_again(gpu, monkeypatch):
+    """Between sampled steps the block's wall (CUDA events at its boundaries: the fake
+    device's ticks) is compared with the op times reused, as a ratio to the first reusing
+    step's: the fake device made twice as slow, the reused times no longer describe the
+    step, and the next one records kernels again, long before SAMPLE_EVERY."""
+    import fake_cuda
+
+    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 100)
+    model, x = model_and_input()
+    profiles = []
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x).sum().backward()
+        profiles.append(fc.to_profile())
+        return fc.timer
+
+    first, reference, steady = step(), step(), step()
+    assert not first.estimated and reference.estimated and steady.estimated
+    assert reference.wall_ns > 0 and reference.reused_ns > 0
+    assert (steady.wall_ns, steady.reused_ns) == (reference.wall_ns, reference.reused_ns)
+    assert not reference.drifted and not steady.drifted
+    monkeypatch.setattr(fake_cuda, "TICK_NS", 2 * fake_cuda.TICK_NS)  # the device slower
+    slow = step()
+    assert slow.estimated and slow.drifted and slow.wall_ns == 2 * steady.wall_ns
+    assert slow.reused_ns == steady.reused_ns  # the reused times alone cannot tell
+    again = step()
+    assert not again.estimated and len(gpu) == 2  # measured again
+    assert step().estimated  # and reused after it
+    kernel_time = Profile.merge(profiles).kernel_time  # the schedule, in the data
+    assert (kernel_time.measured_steps, kernel_time.reused_steps, kernel_time.drifts) == \
+        (2, 4, 1)
+    assert kernel_time.reused_s == pytest.approx(4 * reference.reused_ns / 1e9)
+    assert "on the 2 recorded block(s)" in Profile.merge(profiles).table()
+    assert "4 blocks reused each op's time (1 drifted and were measured again)" in \
+        Profile.merge(profiles).table()
+
+
+class FailingSession:
+    """A Kineto session that raises where ``where`` says ("start" or "stop")."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def start(self) -> None:
+        if self.where == "start":
+            raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED (test)")
+
+    def stop(self):
+        raise RuntimeError("CUPTI_ERROR_INVALID_DEVICE (test)")
+
+
+def test_a_session_failing_to_start_falls_back_and_the_step_runs(monkeypatch):
+    """Kineto raising at start (never run on a GPU by this project yet): the step runs, the
+    counts are whole, a warning names the failure once, and module boundaries are timed by
+    events, never the ops by event pairs."""
+    FakeCuda().install(monkeypatch)
+    monkeypatch.setattr(_kineto, "unavailable", lambda: None)
+    monkeypatch.setattr(_kineto, "_warned", set())
+    monkeypatch.setattr(_kineto, "SESSION", lambda: FailingSession("start"))
+    model, x = model_and_input()
+    with pytest.warns(UserWarning, match="Kineto failed to start.*CUPTI_ERROR_NOT_INIT"):
+        with FlopCounter(model, timing=True) as fc:
+            model(x).sum().backward()
+    assert isinstance(fc.timer, _kineto.ModuleEventTimer)
+    assert fc.by_operator()["aten.addmm"].calls == 2
+    assert fc.by_operator()["aten.addmm"].latency_s == 0
+    assert fc.by_module()["0"].latency_s > 0
+    with warnings.catch_warnings():  # said once
+        warnings.simplefilter("error")
+        with FlopCounter(model, timing=True):
+            model(x)
+
+
+def test_a_session_failing_at_the_blocks_end_leaves_counts_and_says_so(monkeypatch):
+    FakeCuda().install(monkeypatch)
+    monkeypatch.setattr(_kineto, "unavailable", lambda: None)
+    monkeypatch.setattr(_kineto, "SESSION", lambda: FailingSession("stop"))
+    model, x = model_and_input()
+    with pytest.warns(UserWarning, match="stopping Kineto failed.*CUPTI_ERROR_INVALID"):
+        with FlopCounter(timing="kernels") as fc:
+            model(x)
+    assert fc.timer.failure is not None
+    assert fc.by_operator()["aten.addmm"].calls == 2
+    assert fc.by_operator()["aten.addmm"].latency_s == 0
+
+
+def test_timing_true_on_cuda_is_kernel_time_and_events_is_the_opt_out(gpu, monkeypatch):
+    model, x = model_and_input()
+    with FlopCounter(timing=True) as fc:
+        model(x)
+    assert isinstance(fc.timer, _kineto.KernelTimer)
+    assert fc.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+    with FlopCounter(timing="events") as fc:
+        model(x)
+    assert type(fc.timer).__name__ == "CudaTimer"  # an event pair per op, asked for
+    assert fc.by_operator()["aten.addmm"].latency_s > 0
+
+
+def test_idle_inside_modules_and_the_joins_findings_are_profile_data(gpu):
+    """The device idle inside each module's forward (its kernels' span minus their union:
+    SyntheticGpu leaves 1 us after each op's kernel) is ModuleStats.idle_s, in the table's
+    footer, in JSON, kept through a load and summed by merge; the join's figures (attributed
+    share, kernels outside ops, dropped records) are Profile.kernel_time."""
+    import dataclasses
+    import json
+
+    model, x = model_and_input()
+    with FlopCounter(model, timing=True) as fc:
+        model(x)
+    modules = fc.by_module()
+    # Block: gemm 10, 1 idle, raw 5, relu 2; the model: Block, 1 idle, the second gemm 10
+    assert modules["0"].idle_s == pytest.approx(1e-6)
+    assert modules[""].idle_s == pytest.approx(2e-6)
+    assert modules["0.linear"].idle_s == 0  # one kernel: nothing idle inside
+    assert modules["0"].latency_s == pytest.approx(18e-6)  # the span: idle included
+    kernel_time = fc.kernel_time
+    assert kernel_time.device_s == pytest.approx(27e-6)
+    assert kernel_time.outside_s == pytest.approx(5e-6)
+    assert kernel_time.attributed_share == pytest.approx(22 / 27)
+    assert (kernel_time.dropped, kernel_time.unlinked, kernel_time.measured_steps) == (0, 0, 1)
+    table = fc.table()
+    assert "Idle (host-bound): 2.00 us inside Sequential's forward (7 % of its span)" in table
+    assert "81.5 % given to ops" in table
+    profile = fc.to_profile()
+    loaded = Profile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert loaded.by_module()["0"].idle_s == pytest.approx(1e-6)
+    assert loaded.kernel_time == kernel_time
+    assert profile.to_dict()["by_module"]["0"]["idle_s"] == pytest.approx(1e-6)
+    merged = Profile.merge([profile, loaded])
+    assert merged.by_module()[""].idle_s == pytest.approx(4e-6)
+    assert merged.kernel_time.measured_steps == 2
+    assert merged.kernel_time.attributed_share == pytest.approx(22 / 27)
+    with FlopCounter(model, timing="events") as events:  # not timed by kernels: none
+        model(x)
+    assert events.by_module()["0"].idle_s is None and events.kernel_time is None
+    assert "Idle (host-bound)" not in events.table()
+    # per_step() means can be fractions of a ns: the file holds whole ones (spans too)
+    facts = profile.module_facts
+    mean = profile.replace(module_facts=dataclasses.replace(
+        facts, idle={**facts.idle, "": 4000 / 3}, spans={**facts.spans, "": 29000 / 3}))
+    loaded = Profile.from_dict(json.loads(json.dumps(mean.to_dict())))
+    assert loaded.module_facts.idle[""] == 1333 and loaded.module_facts.spans[""] == 9667
+
+
+def test_the_schedule_holds_when_no_block_is_read(gpu, monkeypatch):
+    """A loop that never reads its counters (a benchmark, a long run read at the end): the
+    recorded block is joined when the next one begins, so the blocks after it reuse its
+    times and the schedule keeps one recorded block in SAMPLE_EVERY."""
+    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 3)
+    model, x = model_and_input()
+    counters = []
+    for _ in range(4):
+        with FlopCounter(model, timing="kernels") as fc:
+            model(x)
+        counters.append(fc)
+    assert [fc.timer.estimated for fc in counters] == [False, True, True, False]
+    assert counters[1].by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+
+
+def test_a_kernel_timed_counter_inside_another_says_why_it_counts_untimed(gpu, monkeypatch):
+    """CUPTI takes one subscriber: the outer counter's. The inner one says so (not "another
+    profiler"), counts its ops untimed, and the outer one keeps its kernel times."""
+    monkeypatch.setattr(_kineto, "_warned", set())
+    model, x = model_and_input()
+    with pytest.warns(UserWarning) as caught:
+        with FlopCounter(timing=True) as outer:
+            with FlopCounter(timing=True) as inner:
+                model(x)
+    said = [str(w.message) for w in caught]
+    assert any("a counter around this one records kernels already" in m for m in said)
+    assert not any("another profiler" in m for m in said)
+    assert len(gpu) == 1  # one session: the outer one's
+    assert inner.by_operator()["aten.addmm"].calls == 2
+    assert inner.by_operator()["aten.addmm"].latency_s == 0
+    assert outer.by_operator()["aten.addmm"].latency_s == pytest.approx(2 * 10e-6)
+
+
+def test_times_read_inside_the_block_wait_for_its_end_and_the_block_stays_timed(gpu):
+    """resolve_times() inside a kernel-timed block: Kineto hands its records over only when
+    it stops, so nothing lands yet (said once), and the session keeps recording: every op of
+    the block has its kernels' time once it ends."""
+    model, x = model_and_input()
+    with FlopCounter(timing=True) as fc:
+        model(x)
+        with pytest.warns(UserWarning, match="kernel times land when the block ends"):
+            fc.resolve_times()
+        model(x)
+    assert [s.stopped for s in gpu] == [1]
+    assert fc.by_operator()["aten.addmm"].latency_s == pytest.approx(4 * 10e-6)
+
+
+def test_a_block_failing_to_begin_stops_its_kineto_session(gpu, monkeypatch):
+    from dispatch_flops import counter as _counter
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("a tracker that cannot attach (test)")
+
+    monkeypatch.setattr(_counter, "ModuleTracker", fail)
+    model, _ = model_and_input()
+    with pytest.raises(RuntimeError, match="cannot attach"):
+        with FlopCounter(model, timing=True):
+            pass
+    assert [s.stopped for s in gpu] == [1]

@@ -272,22 +272,44 @@ def test_innermost_matches_a_brute_force_search(cuts, start, length):
         assert nest.values[found] == min(containing, key=lambda i: i[1] - i[0])[2]
 
 
+def step(sampler) -> bool:
+    """A step begins: whether it is sampled."""
+    sampled = sampler.due()
+    sampler.begin(sampled)
+    return sampled
+
+
 def test_sampler_schedule_reuse_and_drift():
-    sampler = K.Sampler(every=3, tolerance=0.1)
-    assert sampler.due()
-    sampler.learn({"mm": (2, 200), "add": (4, 40)}, wall_ns=1000)
+    sampler = K.Sampler(every=4, tolerance=0.1)
+    assert step(sampler)
+    assert step(sampler)  # the first step's results never read: nothing learned, sample
+    sampler.learn({"mm": (2, 200), "add": (4, 40)})
+    assert not step(sampler)
     times, missing = sampler.estimate({"mm": 3, "add": 1})
     assert times == {"mm": 300, "add": 10} and missing == ()
-    assert not sampler.due()
-    assert not sampler.step_done(wall_ns=1050)  # within 10 %
-    assert not sampler.due()
-    sampler.step_done(wall_ns=1000)
-    assert sampler.due()  # every third step
-    sampler.learn({"mm": (1, 100)}, wall_ns=1000)
-    assert not sampler.due()
+    # the first step reusing sets the reference: the wall twice the reused ops' time
+    assert not sampler.step_done(wall_ns=620, reused_ns=310) and sampler.ratio == 2.0
+    # 2.1 against 2.0: within 10 %; the wall alone is not what is compared (45 % more than
+    # the step before's: more calls, more reused time)
+    assert not step(sampler)
+    assert not sampler.step_done(wall_ns=903, reused_ns=430) and sampler.drifts == 0
+    assert not step(sampler)  # its results never read: the schedule moves all the same
+    assert step(sampler)  # every fourth step
+    sampler.learn({"mm": (1, 100)})
+    assert sampler.ratio is None  # a new reference after a sample
+    assert not step(sampler)
     _, missing = sampler.estimate({"softmax": 1})
     assert missing == ("softmax",) and sampler.due()  # a new signature: measure it next
-    sampler.learn({"softmax": (1, 5)}, wall_ns=1000)
-    assert sampler.step_done(wall_ns=1200) and sampler.due()  # drifted 20 %
+    assert step(sampler)
+    sampler.learn({"softmax": (1, 5), "mm": (1, 100)})
+    assert not step(sampler)
+    assert not sampler.step_done(wall_ns=210, reused_ns=105)  # the reference: 2.0
+    assert not step(sampler)
+    # the same ops reused (105 ns) but the wall 250: the kernels got slower, 2.38 vs 2.0
+    assert sampler.step_done(wall_ns=250, reused_ns=105) and sampler.due()
+    assert sampler.drifts == 1
+    assert step(sampler)
+    assert not sampler.step_done(wall_ns=None, reused_ns=100)  # no wall: nothing to compare
+    assert not sampler.step_done(wall_ns=200, reused_ns=0) and sampler.ratio is None
     with pytest.raises(ValueError, match="every"):
         K.Sampler(every=0)

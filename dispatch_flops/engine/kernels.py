@@ -444,17 +444,28 @@ class Sampler:
     """Which steps record kernels, and each op signature's kernel time reused on the others.
 
     A step is sampled when it is the first, every ``every``-th after the last sampled one, when
-    the step before it met a signature with no measured time, or when its device wall
-    (``drift``: events at the block's boundaries, cheap) moved more than ``tolerance`` from
-    the last sampled step's. ``learn`` keeps ns per call per signature from a sampled step;
-    ``estimate`` gives an unsampled step's calls those times, flagged as sampled, and notes
-    the signatures it could not price (the next step is then sampled).
+    the step before it met a signature with no measured time, or when the step before it
+    drifted. Drift: an unsampled step measures its device wall cheaply (CUDA events at the
+    block's boundaries) and sums the op times it reused. The wall exceeds that sum by the
+    host-bound idle and the kernels no op launched, so what is compared is the ratio
+    ``wall / sum``, against the first unsampled step after the last sampled one (measured the
+    same way: a sampled step's own wall carries Kineto's host cost, which would read as drift
+    on every host-bound step). A ratio more than ``tolerance`` away (relative) means the
+    reused times no longer describe the step (kernels slower or faster: clocks, contention,
+    data-dependent kernels; or the host's pace changed): the next step is sampled.
+    The schedule moves when a step begins (``begin``), not when its results are read, so
+    steps whose results nobody reads keep it; with nothing learned yet (a sampled step not
+    read) the next step is sampled too. ``learn`` keeps ns per call per signature from a
+    sampled step; ``estimate`` gives an unsampled step's calls those times, and notes the
+    signatures it could not price.
 
         sampler = Sampler(every=10)
-        if sampler.due():
-            ...record kernels, join...; sampler.learn({sig: (calls, ns)}, wall_ns)
+        sampled = sampler.due(); sampler.begin(sampled)
+        if sampled:
+            ...record kernels, join...; sampler.learn({sig: (calls, ns)})
         else:
-            times, missing = sampler.estimate({sig: calls}); sampler.step_done(wall_ns)
+            times, missing = sampler.estimate({sig: calls})
+            sampler.step_done(wall_ns, sum(times.values()))
     """
 
     def __init__(self, every: int = 10, tolerance: float = 0.10) -> None:
@@ -466,19 +477,27 @@ class Sampler:
         self.tolerance = tolerance
         self.per_call: dict = {}  # signature -> ns per call, from the last step measuring it
         self.since: Optional[int] = None  # steps since the last sampled one (None: none yet)
-        self.wall_ns: Optional[int] = None  # the last sampled step's device wall
+        self.ratio: Optional[float] = None  # wall / reused ns of the first step reusing
         self.stale = False  # a reason to sample the next step
+        self.drifts = 0  # unsampled steps that drifted (each made the next one sampled)
 
     def due(self) -> bool:
         """Whether the next step records kernels."""
-        return self.since is None or self.stale or self.since + 1 >= self.every
+        return self.since is None or self.stale or not self.per_call or \
+            self.since + 1 >= self.every
 
-    def learn(self, measured: Mapping, wall_ns: Optional[int] = None) -> None:
-        """A sampled step's ``{signature: (calls, ns)}`` and its device wall."""
+    def begin(self, sampled: bool) -> None:
+        """A step begins, sampled or not."""
+        if sampled:  # a new measurement, so a new reference for drift
+            self.since, self.stale, self.ratio = 0, False, None
+        else:
+            self.since = 1 if self.since is None else self.since + 1
+
+    def learn(self, measured: Mapping) -> None:
+        """A sampled step's ``{signature: (calls, ns)}``."""
         for signature, (calls, ns) in measured.items():
             if calls:
                 self.per_call[signature] = ns / calls
-        self.since, self.stale, self.wall_ns = 0, False, wall_ns
 
     def estimate(self, calls: Mapping) -> tuple[dict, tuple]:
         """``({signature: ns}, signatures with no measured time)`` for an unsampled step's
@@ -494,13 +513,19 @@ class Sampler:
             self.stale = True
         return times, tuple(missing)
 
-    def step_done(self, wall_ns: Optional[int] = None) -> bool:
-        """An unsampled step ended, with its device wall: True when it drifted from the last
-        sampled step's past the tolerance (the next step is then sampled)."""
-        self.since = 1 if self.since is None else self.since + 1
-        last = self.wall_ns
-        drifted = wall_ns is not None and last is not None and last > 0 and \
-            abs(wall_ns - last) > self.tolerance * last
+    def step_done(self, wall_ns: Optional[int] = None, reused_ns: Optional[int] = None
+                  ) -> bool:
+        """An unsampled step ended, with its device wall and the sum of the op times it
+        reused: True when their ratio drifted from the reference past the tolerance (the next
+        step is then sampled); the first such step since a sampled one sets the reference."""
+        if not (wall_ns and reused_ns):
+            return False
+        ratio = wall_ns / reused_ns
+        if self.ratio is None:
+            self.ratio = ratio
+            return False
+        drifted = abs(ratio / self.ratio - 1) > self.tolerance
         if drifted:
             self.stale = True
+            self.drifts += 1
         return drifted

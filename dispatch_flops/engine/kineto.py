@@ -22,9 +22,10 @@ on a GPU yet (docs/timing.md says what to check there).
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 from time import perf_counter_ns
 from typing import Callable, Optional
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import torch
 
@@ -38,7 +39,7 @@ from dispatch_flops.engine.kernels import (
     join,
 )
 from dispatch_flops.engine.records import CALLS, NS, SIGNATURE
-from dispatch_flops.engine.timing import CudaTimer, Timer
+from dispatch_flops.engine.timing import CudaTimer, Timer, op_device
 from dispatch_flops.engine.torch_private import lookup
 from dispatch_flops.results.rows import KERNEL_ROW_PREFIX, ROW, RowKey
 from dispatch_flops.results.stats import UNSUPPORTED, Phase
@@ -68,7 +69,13 @@ class KinetoSession:
     def start(self) -> None:
         p = self._profile
         lookup("torch.autograd.profiler._prepare_profiler")(p.config(), p.kineto_activities)
-        lookup("torch.autograd.profiler._enable_profiler")(p.config(), p.kineto_activities)
+        try:
+            lookup("torch.autograd.profiler._enable_profiler")(p.config(), p.kineto_activities)
+        except BaseException:  # leave no half-started session to the user's profilers
+            with suppress(Exception):
+                if lookup("torch.autograd._profiler_enabled")():
+                    lookup("torch.autograd.profiler._disable_profiler")()
+            raise
 
     def synchronize(self) -> None:
         if self.cuda:
@@ -103,8 +110,12 @@ class KernelTimer(Timer):
         self._replays: list = []  # per CUDA graph replay: {graph node tools id: op token}
         self._events: Optional[tuple] = None
         self.found: Optional[KernelJoin] = None
+        self.failure: Optional[str] = None  # why this block got no kernel times
+        self._idle: dict[int, int] = {}  # id of a span list -> idle ns inside its calls
+        self._early = False  # read inside the block (said once)
         self.session.start()
         self._recording = True
+        _RECORDING.add(self)
 
     def run(self, resolved, args, kwargs):
         func = resolved.run
@@ -160,30 +171,75 @@ class KernelTimer(Timer):
 
     def _stop(self) -> None:
         self._recording = False
-        self._events = self.session.stop()
+        try:
+            self._events = self.session.stop()
+        except Exception as e:  # never run on a GPU yet: a failure costs times, not the step
+            self._failed(e, "stopping")
+            self._events = ((), ())
 
     def resolve(self) -> None:
-        """Join the block's activities (once) and land every op's and module call's time."""
+        """Join the block's activities (once) and land every op's and module call's time.
+        Inside the block (``resolve_times()``) nothing lands yet: Kineto hands its records
+        over only when it stops, and stopping would leave the rest of the block untimed."""
         if self.found is not None:
             return
         if self._recording:
-            self._stop()
+            if not self._early:
+                self._early = True
+                warnings.warn("dispatch_flops: kernel times land when the block ends; read "
+                              "inside it, ops have no time yet (timing=\"events\" gives "
+                              "times inside the block)", stacklevel=4)
+            return
         assert self._events is not None
         host, device = self._events
         spans = [(i, start.id, end.id) for i, (_, _, start, end) in enumerate(self._spans)]
-        found = join(host, device, spans, dict(enumerate(self._replays)))
+        try:
+            found = join(host, device, spans, dict(enumerate(self._replays)))
+        except Exception as e:
+            self._failed(e, "joining")
+            found = KernelJoin()
         for token, ns in found.op_ns.items():
             for counts, index in self._targets[token] or ():
                 counts[index] += ns
+        idle = self._idle
         for i, (counts, index, start, end) in enumerate(self._spans):
             if end.block_end:  # the block's wall: the host's, from entry to the last kernel
                 counts[index] += end.ns - start.ns
-            else:  # a module call: its kernels' span on the device
+            else:  # a module call: its kernels' span on the device, and the idle inside
                 call = found.calls.get(i)
-                counts[index] += call.span_ns if call is not None else 0
+                if call is not None:
+                    counts[index] += call.span_ns
+                    idle[id(counts)] = idle.get(id(counts), 0) + call.idle_ns
         self.found = found
         if self.sampler is not None:
             self.sampler.learn(_by_signature(self._records.values(), with_ns=True))
+
+    def close(self) -> None:
+        """Stop recording without a block end (the block failed to begin)."""
+        if self._recording:
+            self._recording = False
+            self._events = ((), ())
+            with suppress(Exception):
+                self.session.stop()
+
+    def idle_of(self, frame) -> int:
+        """ns the device sat idle inside ``frame``'s module calls (``resolve`` first)."""
+        return self._idle.get(id(frame.span), 0)
+
+    def facts(self) -> dict:
+        """``RunFacts.kernels`` of this block (``resolve`` first)."""
+        found = self.found
+        if found is None or self.failure is not None:
+            return {}
+        return {"device_ns": found.device_ns, "attributed_ns": found.attributed_ns,
+                "outside_ns": found.outside_ns, "dropped": found.dropped,
+                "unlinked": found.unlinked, "graph_replays": found.graph_replays,
+                "measured_steps": 1}
+
+    def _failed(self, error: Exception, doing: str) -> None:
+        self.failure = f"{doing} Kineto failed ({type(error).__name__}: {error})"
+        warnings.warn(f"dispatch_flops: kernel timing: {self.failure}; this block's ops and "
+                      "module calls get no time", stacklevel=4)
 
     def outside_rows(self, frames, root: tuple) -> tuple:
         """Profile rows for the kernels no op launched: one per (module stack, phase, kernel
@@ -214,10 +270,17 @@ class KernelTimer(Timer):
 
 class ModuleEventTimer(CudaTimer):
     """The fallback without Kineto: CUDA events at module boundaries and the block's; ops run
-    untimed (an event pair around an op times its stream, not its kernels)."""
+    untimed (an event pair around an op times its stream, not its kernels). Where no model
+    told the timer its devices, the first op on a CUDA device anchors it, so that the module
+    boundaries after it are timed there (one test per op until then, none after: this is the
+    reusing blocks' hot path too)."""
 
     def run(self, resolved, args, kwargs):
         func = resolved.run
+        if not self._anchors:
+            device = op_device(args, kwargs)
+            if device >= 0 and device not in self._anchors:
+                self._stream_of(device)
         return (func(*args, **kwargs) if kwargs else func(*args)), None
 
 
@@ -232,12 +295,25 @@ class EstimatingTimer(ModuleEventTimer):
         self.sampler = sampler
         self._records: dict = {}
         self._landed = False
+        self._wall: Optional[tuple] = None  # (counts, index, value before) of the block's
+        self.wall_ns: Optional[int] = None  # the block's device wall (its end's events)
+        self.reused_ns = 0  # Σ of the op times reused from the sampled block
+        self.drifted = False  # the wall moved from the reused times: the next block samples
 
     estimated = True
 
     def add(self, counts: list, index: int, token) -> None:
         super().add(counts, index, token)
         self._records[id(counts)] = (counts, index)
+
+    def span(self, counts: list, index: int, start, end) -> None:
+        if end.block_end:
+            self._wall = (counts, index, counts[index])
+        super().span(counts, index, start, end)
+
+    def facts(self) -> dict:
+        """``RunFacts.kernels`` of this block (``resolve`` first)."""
+        return {"reused_steps": 1, "reused_ns": self.reused_ns, "drifts": int(self.drifted)}
 
     def resolve(self) -> None:
         super().resolve()
@@ -247,11 +323,18 @@ class EstimatingTimer(ModuleEventTimer):
         records = list(self._records.values())
         self.sampler.estimate(_by_signature(records, with_ns=False))
         per_call = self.sampler.per_call
+        reused = 0
         for counts, index in records:
             signature = counts[SIGNATURE]
             if signature is not None and signature in per_call:
-                counts[index] += round(per_call[signature] * counts[CALLS])
-        self.sampler.step_done()
+                ns = round(per_call[signature] * counts[CALLS])
+                counts[index] += ns
+                reused += ns
+        self.reused_ns = reused
+        if self._wall is not None:  # the block ended: its wall is folded now
+            counts, index, before = self._wall
+            self.wall_ns = counts[index] - before
+        self.drifted = self.sampler.step_done(self.wall_ns, reused)
 
 
 def replayed(timer, records) -> None:
@@ -293,29 +376,62 @@ def unavailable() -> Optional[str]:
     return None
 
 
-KERNELS = "kernels"  # FlopCounter(timing=KERNELS)
+KERNELS = "kernels"  # FlopCounter(timing=KERNELS): what timing=True is on CUDA
+EVENTS = "events"  # FlopCounter(timing=EVENTS): a CUDA event pair around each op (opt-out)
+TIMINGS = (KERNELS, EVENTS)  # timing's names (besides True and False)
 _warned: set = set()
 SESSION: Callable[[], object] = KinetoSession  # what records a block (the tests' CPU stand-in)
 
 
 SAMPLE_EVERY = 10  # with a model: kernels recorded on one block in this many (Sampler)
+# the relative drift of an unsampled block's wall / reused-op-time ratio that makes the next
+# block sampled (Sampler): above the few % a GPU step's time wanders by run to run
+DRIFT = 0.10
 _samplers: WeakKeyDictionary = WeakKeyDictionary()  # model -> its Sampler
+
+
+_RECORDING: WeakSet = WeakSet()  # kernel timers whose block is being recorded
+_NESTED = ("a counter around this one records kernels already (CUPTI takes one subscriber); "
+           'time nested counters with timing="events" on both, or the outer one only')
+
+# sampler -> its last recorded block's timer, until joined: a loop that never reads results
+# still learns from it, when the next block begins (its kernels are all in by then: the
+# recorded block synchronized at its end, so the join is host work, outside any block)
+_unread: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _catch_up(sampler: Sampler) -> None:
+    timer = _unread.pop(sampler, None)
+    if timer is not None and timer.found is None and not timer._recording:
+        timer.resolve()
 
 
 def kernel_timer(devices=(), model=None) -> Timer:
     """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer`` on a sampled block (every
     block without a model), ``EstimatingTimer`` on the others; where Kineto cannot record
     (saying why, once per reason) ``ModuleEventTimer``."""
-    reason = unavailable()
+    try:
+        reason = _NESTED if any(t._recording for t in _RECORDING) else unavailable()
+    except Exception as e:
+        reason = f"asking Kineto what it records failed ({type(e).__name__}: {e})"
     if reason is None:
-        if model is None:
-            return KernelTimer(SESSION())
-        sampler = _samplers.get(model)
-        if sampler is None:
-            sampler = _samplers[model] = Sampler(SAMPLE_EVERY)
-        if sampler.due():
-            return KernelTimer(SESSION(), sampler)
-        return EstimatingTimer(devices, sampler)
+        sampler = None
+        if model is not None:
+            sampler = _samplers.get(model)
+            if sampler is None:
+                sampler = _samplers[model] = Sampler(SAMPLE_EVERY, DRIFT)
+            _catch_up(sampler)
+            if not sampler.due():
+                sampler.begin(False)
+                return EstimatingTimer(devices, sampler)
+        try:  # never run on a GPU yet: a session that fails to start must not break the step
+            timer = KernelTimer(SESSION(), sampler)
+            if sampler is not None:
+                sampler.begin(True)
+                _unread[sampler] = timer
+            return timer
+        except Exception as e:
+            reason = f"Kineto failed to start ({type(e).__name__}: {e})"
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"dispatch_flops: kernel timing unavailable: {reason}; timing module "

@@ -10,7 +10,7 @@ modules that ``RunFacts`` keeps (attention calls, parameter groups).
 from __future__ import annotations
 
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 from torch import nn
 
@@ -72,10 +72,18 @@ def call_counts(tracker: ModuleTracker) -> dict[str, int]:
     return counts
 
 
-def spans(tracker: ModuleTracker, calls: dict[str, int]) -> dict[str, int]:
-    """ns inside each module's forward calls (timing on). A module re-entered by itself
-    counts once (only frames with no ancestor of the same name count); a container that is
-    never called itself (ModuleList) gets the spans of the modules it holds."""
+def _span_of(frame: Frame) -> int:
+    return frame.span[0]
+
+
+def spans(tracker: ModuleTracker, calls: dict[str, int],
+          value: Optional[Callable[[Frame], int]] = None) -> dict[str, int]:
+    """ns inside each module's forward calls (timing on), or ``value(frame)`` of each (the
+    idle time inside them: ``KernelTimer.idle_of``). A module re-entered by itself counts
+    once (only frames with no ancestor of the same name count); a container that is never
+    called itself (ModuleList) gets the sum of the modules it holds."""
+    if value is None:
+        value = _span_of
     out: dict[str, int] = {}
     root = tracker.root
     root_called = bool(tracker.root_calls)
@@ -84,13 +92,14 @@ def spans(tracker: ModuleTracker, calls: dict[str, int]) -> dict[str, int]:
         frame, above = todo.pop()
         if (frame is not root and frame.calls) or (frame is root and root_called):
             if frame.name not in above:
-                out[frame.name] = out.get(frame.name, 0) + frame.span[0]
+                ns = value(frame)
+                out[frame.name] = out.get(frame.name, 0) + ns
                 parent = frame.parent.name if frame.parent is not None else None
                 for prefix in static_prefixes(frame.name)[:-1]:
                     if not calls.get(prefix) and prefix not in above and not (
                         parent is not None and (parent + ".").startswith(prefix + ".")
                     ):
-                        out[prefix] = out.get(prefix, 0) + frame.span[0]
+                        out[prefix] = out.get(prefix, 0) + ns
         inner = above | {frame.name}
         todo.extend((child, inner) for child in frame.children.values())
     return out

@@ -131,6 +131,7 @@ def by_module(profile: Profile, phase: Optional[str]) -> dict[str, ModuleStats]:
         return Stats.of(counts[:-1], counts[-1], has_time)
 
     with_saved = profile.saved_activations
+    idle = facts.idle if timed and phase in (None, FORWARD) else {}
     # a module run inside a compiled graph has no time of its own (None, not a zero)
     in_graphs = set(facts.in_graphs)
     return {
@@ -144,6 +145,7 @@ def by_module(profile: Profile, phase: Optional[str]) -> dict[str, ModuleStats]:
                                         for op, c in operators.get(name, {}).items()}),
             saved_bytes=saved.get(name, 0) if with_saved else None,
             saved_bytes_exclusive=own_saved.get(name, 0) if with_saved else None,
+            idle_s=idle[name] / 1e9 if name in idle else None,
         )
         for name in sorted(names, key=lambda n: (order.get(n, len(order)), n))
     }

@@ -187,6 +187,7 @@ MODULE_RULES: dict[str, Rule] = {
     "graph_runs": Rule(_sum_tuples_by_key, _mean_tuples_by_key, _minus_tuples_by_key,
                        _median_graph_times),
     "in_graphs": Rule(_union_in_tree_order),
+    "idle": TIME,
 }
 RUN_RULES: dict[str, Rule] = {
     "model": SAME,
@@ -210,6 +211,7 @@ RUN_RULES: dict[str, Rule] = {
     "parameters": Rule(_first),
     "pipeline": Rule(_concatenated),
     "experts": Rule(_sum_experts),
+    "kernels": COUNT,
 }
 RULES = {ModuleFacts: MODULE_RULES, RunFacts: RUN_RULES}
 

@@ -9,6 +9,14 @@ from typing import Optional
 
 from dispatch_flops.results.stats import GLOBAL, ROOT
 
+# RunFacts.kernels' keys: Σ of the device activities on the blocks that recorded kernels, the
+# part given to ops, the part no op launched (rows kernel:<name>), records linked to a host
+# event the trace lacked, records with no link at all, CUDA graph replays, blocks that
+# recorded kernels, blocks that reused each op signature's time (and that time), and those of
+# them whose wall drifted from it (the next block recorded again)
+KERNEL_FACTS = ("device_ns", "attributed_ns", "outside_ns", "dropped", "unlinked",
+                "graph_replays", "measured_steps", "reused_steps", "reused_ns", "drifts")
+
 
 @dataclass(frozen=True)
 class ModuleFacts:
@@ -28,6 +36,10 @@ class ModuleFacts:
     # own time does not exist: the graph runs fused kernels; see Profile.in_graphs)
     graph_runs: dict = field(default_factory=dict)
     in_graphs: tuple = ()
+    # kernel timing (engine.kineto): ns the device sat idle inside each module's forward calls
+    # (their kernels' span minus the union of their kernels: the device waiting on the host,
+    # charged to no op), by name, on the blocks that recorded kernels
+    idle: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -73,3 +85,6 @@ class RunFacts:
     # MoE layers (engine.expert_load): ``(layer, tokens per expert, rows computed per expert,
     # calls)`` each, in tree order; rows exceed tokens where the kernel pads to a capacity
     experts: tuple = ()
+    # kernel timing (engine.kineto): what the join of the recorded blocks found, ints by
+    # KERNEL_FACTS' names (empty otherwise); see ``ProfileViews.kernel_time``
+    kernels: dict = field(default_factory=dict)

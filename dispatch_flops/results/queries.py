@@ -34,6 +34,7 @@ from dispatch_flops.results.stats import (
     PHASES,
     UNSUPPORTED,
     Coverage,
+    KernelTime,
     ModuleStats,
     OpRecord,
     Stats,
@@ -145,6 +146,14 @@ class ProfileViews:
             calls[key.category] += counts[0]
             moved[key.category] += counts[read] + counts[written]
         return Coverage(frozen_mapping(calls), frozen_mapping(moved))
+
+    @property
+    def kernel_time(self) -> Optional[KernelTime]:
+        """What kernel timing found (``KernelTime``: the attributed share, kernels no op
+        launched, dropped records, sampled blocks); None unless the run was timed by its
+        kernels (``timing=True`` on CUDA with Kineto recording)."""
+        kernels = self.to_profile().run.kernels
+        return KernelTime.of(kernels) if kernels else None
 
     # -- compiled graphs and ranks ----------------------------------------------------------
     @property

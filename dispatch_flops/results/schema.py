@@ -15,7 +15,7 @@ from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, Optional, Union
 
 from dispatch_flops.results import validate
-from dispatch_flops.results.facts import ModuleFacts, RunFacts
+from dispatch_flops.results.facts import KERNEL_FACTS, ModuleFacts, RunFacts
 from dispatch_flops.results.rows import Row, RowKey
 from dispatch_flops.results.stats import COUNTS, ROOT
 from dispatch_flops.results.validate import (
@@ -104,9 +104,12 @@ def to_dict(profile: Profile) -> dict:
                     for layer, tokens, rows, calls in run.experts],
         "modules": [
             {"name": name, "type": kind, "calls": facts.calls.get(name, 0), "params": n,
-             "forward_span_ns": facts.spans.get(name)}
+             # per_step() means may be fractions of a ns: the file holds whole ns
+             "forward_span_ns": _whole(facts.spans.get(name)),
+             **({"forward_idle_ns": round(facts.idle[name])} if name in facts.idle else {})}
             for name, kind, n in zip(facts.names, facts.types, facts.params)
         ],
+        **({"kernels": {k: round(v) for k, v in run.kernels.items()}} if run.kernels else {}),
         "saved": [{"stack": list(stack), "bytes": n} for stack, n in facts.saved.items()],
         "graph_runs": [{"stack": list(stack), "runs": runs, "forward_ns": forward,
                         "backward_ns": backward}
@@ -123,6 +126,10 @@ def to_dict(profile: Profile) -> dict:
         "coverage": profile.coverage().to_dict(),
         "records": [r.to_dict() for r in profile.records()],
     }
+
+
+def _whole(ns):
+    return None if ns is None else round(ns)
 
 
 def from_dict(data: dict, source: str = "data") -> tuple[list[Row], ModuleFacts, RunFacts]:
@@ -281,6 +288,7 @@ def _facts(data: dict) -> tuple[ModuleFacts, RunFacts]:
     run_fields = {f: data[f] for f in RunFacts.__dataclass_fields__ if f != "model"
                   and f in data}
     run_fields["pricing_errors"] = tuple(run_fields.get("pricing_errors", ()))
+    run_fields["kernels"] = dict(run_fields.get("kernels", {}))
     run_fields["dtensor_ops"] = tuple(
         (o["overload"], tuple(tuple(s) for s in o["shapes"]), o["calls"], o["flops"],
          o["macs"]) for o in run_fields.get("dtensor_ops", ()))
@@ -302,6 +310,8 @@ def _facts(data: dict) -> tuple[ModuleFacts, RunFacts]:
         calls={m["name"]: m["calls"] for m in modules},
         spans={m["name"]: m["forward_span_ns"] for m in modules
                if m.get("forward_span_ns") is not None},
+        idle={m["name"]: m["forward_idle_ns"] for m in modules
+              if m.get("forward_idle_ns") is not None},
         saved={tuple(s["stack"]): s["bytes"] for s in data.get("saved", [])},
         graph_runs={tuple(g["stack"]): (g["runs"], g["forward_ns"], g["backward_ns"])
                     for g in data.get("graph_runs", [])},
@@ -392,7 +402,9 @@ _RECORD = validate.obj({
 _MODULE = validate.obj({
     "name": (validate.text, True), "type": (validate.text, False),
     "calls": (validate.count, True), "params": (validate.count, True),
-    "forward_span_ns": (validate.optional(validate.ns), False)})
+    "forward_span_ns": (validate.optional(validate.ns), False),
+    "forward_idle_ns": (validate.optional(validate.ns), False)})
+_KERNELS = validate.obj({name: (validate.count, False) for name in KERNEL_FACTS})
 _SAVED = validate.obj({"stack": (validate.stack, True), "bytes": (validate.count, True)})
 _GRAPH_RUN = validate.obj({
     "stack": (validate.stack, True), "runs": (validate.count, True),
@@ -441,4 +453,5 @@ _RUN = validate.obj({
     "experts": (validate.list_of(_EXPERT_LAYER, "expert layers"), False),
     "saved": (validate.list_of(_SAVED, "saved bytes"), False),
     "graph_runs": (validate.list_of(_GRAPH_RUN, "graph runs"), False),
-    "in_graphs": (validate.names, False)})
+    "in_graphs": (validate.names, False),
+    "kernels": (_KERNELS, False)})

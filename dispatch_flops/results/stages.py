@@ -61,6 +61,7 @@ def rerooted(profile: Profile, prefix: str) -> Profile:
         params=(facts.params[0],) + facts.params,
         calls={_moved(n, prefix): c for n, c in facts.calls.items()},
         spans={_moved(n, prefix): s for n, s in facts.spans.items()},
+        idle={_moved(n, prefix): s for n, s in facts.idle.items()},
         saved={stack(s): b for s, b in facts.saved.items()},
         graph_runs={stack(s): r for s, r in facts.graph_runs.items()},
         in_graphs=tuple(_moved(n, prefix) for n in facts.in_graphs))

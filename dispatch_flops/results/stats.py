@@ -184,6 +184,10 @@ class ModuleStats:
     # excluded), inclusive and by the module's own ops; None unless saved_activations=True
     saved_bytes: Optional[int] = None
     saved_bytes_exclusive: Optional[int] = None
+    # seconds the device sat idle inside the module's forward calls, waiting on the host
+    # (their kernels' span minus the union of their kernels), charged to no op; None unless
+    # timed by kernels (timing=True on CUDA)
+    idle_s: Optional[float] = None
 
     @property
     def flops(self) -> int:
@@ -225,6 +229,7 @@ class ModuleStats:
             "by_operator": {op: s.to_dict() for op, s in self.by_operator.items()},
             "saved_bytes": self.saved_bytes,
             "saved_bytes_exclusive": self.saved_bytes_exclusive,
+            **({"idle_s": self.idle_s} if self.idle_s is not None else {}),
         }
 
     def __repr__(self) -> str:
@@ -252,6 +257,47 @@ class OpRecord:
         d = asdict(self)
         d["stack"] = list(self.stack)
         return d
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """What kernel timing (``timing=True`` on CUDA) found, summed over the blocks that
+    recorded kernels (``measured_steps``) and those that reused each op signature's time
+    (``reused_steps``). ``device_s``: every kernel, memcpy and memset the recorded blocks ran;
+    ``attributed_s`` the part given to the ops that launched them, ``outside_s`` the part no
+    op launched (rows ``kernel:<name>``); ``dropped``: records linked to a host event the trace
+    lacked, ``unlinked``: records with no link at all (both counted in ``device_s`` and in a
+    row outside every module); ``graph_replays``: CUDA graph launches; ``reused_s``: the op
+    time the other blocks reused; ``drifts``: reusing blocks whose event wall drifted from it
+    (the next block recorded again).
+
+    >>> with FlopCounter(model, timing=True) as fc:  # on CUDA
+    ...     model(x).sum().backward()
+    >>> fc.kernel_time.attributed_share  # 1.0: every kernel time given to an op
+    """
+
+    device_s: float = 0.0
+    attributed_s: float = 0.0
+    outside_s: float = 0.0
+    dropped: int = 0
+    unlinked: int = 0
+    graph_replays: int = 0
+    measured_steps: int = 0
+    reused_steps: int = 0
+    reused_s: float = 0.0
+    drifts: int = 0
+
+    @property
+    def attributed_share(self) -> float:
+        """Share of the recorded device time given to ops (1.0 with none recorded)."""
+        return self.attributed_s / self.device_s if self.device_s else 1.0
+
+    @classmethod
+    def of(cls, facts: Mapping) -> "KernelTime":
+        """From ``RunFacts.kernels`` (ns and counts by ``KERNEL_FACTS``' names)."""
+        seconds = {"device_ns", "attributed_ns", "outside_ns", "reused_ns"}
+        return cls(**{(k[:-3] + "_s" if k in seconds else k):
+                      (v / 1e9 if k in seconds else v) for k, v in facts.items()})
 
 
 @dataclass(frozen=True)

@@ -379,6 +379,47 @@ def _op_rows(run, name: str, m, chosen: list, ops: int) -> list:
             for op, stats in top if stats.flops]
 
 
+def _kernel_lines(counter, modules: dict) -> list:
+    """Kernel timing's notes: the host-bound idle inside the outermost timed module (the
+    device waiting on the host, charged to no op), and what the join found."""
+    kernel_time = getattr(counter, "kernel_time", None)
+    if kernel_time is None:
+        return []
+    lines = []
+    idle = {n: m for n, m in modules.items() if m.idle_s is not None}
+    if idle:
+        name = min(idle, key=depth_of)  # the outermost module timed (the model)
+        module = idle[name]
+        span = counter.to_profile().module_facts.spans.get(name, 0) / 1e9
+        label = counter.root_label if name == ROOT else name
+        # spans are summed over every block, idle over the recorded ones only
+        share = f" ({100.0 * module.idle_s / span:.0f} % of its span)" \
+            if span and not kernel_time.reused_steps else \
+            f" on the {kernel_time.measured_steps} recorded block(s)"
+        lines.append(f"Idle (host-bound): {duration(module.idle_s)} inside {label}'s forward"
+                     f"{share}: the device waiting on the host, charged to no op")
+    lines.append(_kernel_time_line(kernel_time))
+    return lines
+
+
+def _kernel_time_line(kernel_time) -> str:
+    """A ``KernelTime`` in one line."""
+    line = (f"Kernel time: {duration(kernel_time.device_s)} recorded on "
+            f"{kernel_time.measured_steps} block{'s' if kernel_time.measured_steps != 1 else ''}"
+            f", {100.0 * kernel_time.attributed_share:.1f} % given to ops")
+    if kernel_time.outside_s:
+        line += f", {duration(kernel_time.outside_s)} launched outside aten ops"
+    lost = kernel_time.dropped + kernel_time.unlinked
+    if lost:
+        line += f"; {lost} record{'s' if lost != 1 else ''} with no host launch found"
+    if kernel_time.reused_steps:
+        n = kernel_time.reused_steps
+        line += f"; {n} block{'s' if n != 1 else ''} reused each op's time"
+        if kernel_time.drifts:
+            line += f" ({kernel_time.drifts} drifted and were measured again)"
+    return line
+
+
 def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
     """The notes that apply to the table as printed: a column's note only with its column,
     the model / hardware flops only where they differ."""
@@ -425,6 +466,7 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
         top = counter.top_ops_by_time(5)
         listed = ", ".join(f"{op} {duration(stats.latency_s or 0.0)}" for op, stats in top)
         lines.append(f"Top ops by time: {listed}")
+        lines += _kernel_lines(counter, modules)
     estimated = counter.estimated_ops()
     if estimated:
         lines.append(f"Estimated ops (flops from the op's tag family): {_listed(estimated)}")

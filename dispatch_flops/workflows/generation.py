@@ -333,7 +333,8 @@ def profile_generate(model: nn.Module, inputs=None, *, fn: Optional[Callable] = 
     >>> print(gp.table())
 
     ``timing=True`` measures each step's time (a CUDA synchronize around each call on a
-    GPU); ``attention`` as ``FlopCounter``'s.
+    GPU, CUDA events per op: the steps are read inside the block, where kernel times are
+    not in yet); ``attention`` as ``FlopCounter``'s.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -350,7 +351,8 @@ def profile_generate(model: nn.Module, inputs=None, *, fn: Optional[Callable] = 
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         get_encoder = getattr(model, "get_encoder", None)
         encoder = get_encoder() if callable(get_encoder) else None
-    counter = FlopCounter(model, timing=timing, attention=attention)
+    # each step is read inside the block: events, whose times are there as soon as synchronized
+    counter = FlopCounter(model, timing="events" if timing else False, attention=attention)
     steps = _Steps(model, counter, encoder, timing)
     steps.attach()
     try:
