@@ -14,6 +14,8 @@ as a script to print the matrix: ``python tests/test_kernel_invariance.py``.
 from __future__ import annotations
 
 import itertools
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dispatch_flops import FlopCounter
+from dispatch_flops import FlopCounter, Profile
 from dispatch_flops.results.stats import Stats
 from helpers import attention_stats
 
@@ -475,8 +477,55 @@ def test_a_tiny_llama_built_on_meta_counts_the_model_macs_of_the_cpu(mask):
         ids = torch.zeros(2, 24, dtype=torch.long, device=device)
         with FlopCounter(model) as fc:
             model(ids)
+        unvalued.append(fc.to_profile().run.unvalued_masks)
         return fc.total
 
+    unvalued: list = []
     figures = _meta_and_cpu(run)
     assert figures["meta"].masked_macs > 0
     assert figures["meta"].model_macs == figures["cpu"].model_macs
+    assert unvalued == [0, 0]  # masks built from shapes: known, no note
+
+
+@pytest.mark.parametrize("tensors", ["meta", "fake"])
+def test_a_users_mask_without_values_is_said_in_the_result(tensors):
+    """A padding mask that is the user's meta (or fake) tensor has no values: its calls keep
+    every pair in model flops, and the result says so (``run.unvalued_masks``: one per call,
+    kept by JSON, summed by ``merge``, a line in the table's footer); a causal mask from
+    shapes on the same device is known (no note). Oracle: the dense pairs, and the CPU run of
+    the same padding, which does subtract them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    keep = torch.ones(B, 1, S, S, dtype=torch.bool)
+    keep[1, ..., S // 2:] = False  # the second sequence is half padding
+    q_cpu = torch.randn(B, 4, S, D)
+
+    def count(q, **kw) -> FlopCounter:
+        with FlopCounter() as fc:
+            for _ in range(3):
+                F.scaled_dot_product_attention(q, q, q, **kw)
+        return fc
+
+    cpu = count(q_cpu, attn_mask=keep).to_profile()
+    assert cpu.run.unvalued_masks == 0 and cpu.total.masked_macs > 0
+    if tensors == "meta":
+        q, mask = q_cpu.to("meta"), keep.to("meta")
+        unknown, causal = count(q, attn_mask=mask), count(q, is_causal=True)
+    else:
+        with FakeTensorMode() as fake:
+            q, mask = fake.from_tensor(q_cpu), fake.from_tensor(keep)
+            unknown, causal = count(q, attn_mask=mask), count(q, is_causal=True)
+    run = unknown.to_profile()
+    assert run.run.unvalued_masks == 3
+    assert unknown.total.model_macs == 3 * B * 4 * S * S * 2 * D  # every pair
+    assert "every pair of 3 attention calls whose mask has no values" in \
+        " ".join(unknown.table(width=200).split())
+    assert causal.to_profile().run.unvalued_masks == 0
+    assert "mask has no values" not in causal.table(width=200)
+    if tensors == "meta":  # the shape-built causal mask is counted, as on the CPU
+        assert causal.total.masked_macs > 0
+    path = Path(tempfile.mkdtemp()) / "run.json"
+    run.to_json(path)
+    assert Profile.from_json(path).run.unvalued_masks == 3
+    assert Profile.merge([run, run]).run.unvalued_masks == 6
+    assert Profile.merge([run, run]).per_step().run.unvalued_masks == 3

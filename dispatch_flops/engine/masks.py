@@ -9,7 +9,9 @@ into the record's ``Tally`` (``rec[TALLY]``). On a CUDA tensor the counts stay o
 (a tensor added to, never read per call: no host sync); they are read once, when the
 counter's results are captured (``Tally.read``). Fake and meta tensors have no values: their
 calls keep the formula's figures (docs/conventions.md, "Hardware and model flops"), except
-meta masks built from shapes alone, whose values are computed on the CPU (``_SHADOWS``).
+meta masks built from shapes alone, whose values are computed on the CPU (``_SHADOWS``); a call
+whose mask has no values is counted (``Tally.unvalued``), so the result can say its masked
+pairs were not subtracted (``RunFacts.unvalued_masks``).
 
 A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`` /
 ``masked_macs`` of the record grow by masked pairs x the rate; skipped pairs come off
@@ -35,7 +37,7 @@ TALLY = 3  # a record's fourth slot, present on the records of ops that read mas
 class Tally:
     """A record's masked and skipped pairs, and what one pair costs (flops, MACs)."""
 
-    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate", "again")
+    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate", "again", "unvalued")
 
     def __init__(self, flops_rate: int, macs_rate: int, again: tuple = (0, 0)):
         self.masked: object = 0  # an int, or a 0-d int64 tensor on the mask's device
@@ -45,6 +47,7 @@ class Tally:
         # (flops, MACs) a pair's backward recomputation, which the formula already counts
         # hardware-only for every pair (``recomputed_rates``): a skipped pair ran none of it
         self.again = again
+        self.unvalued = 0  # calls whose mask had no values (meta, fake): nothing subtracted
 
     def add(self, masked, skipped=0) -> None:
         self.masked = _plus(self.masked, masked)
@@ -57,6 +60,7 @@ class Tally:
 
     def reset(self) -> None:
         self.masked = self.skipped = 0
+        self.unvalued = 0
 
 
 def read_all(tallies: list) -> list[tuple[int, int]]:
@@ -174,9 +178,11 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
 
     def tally(rec, args, kwargs, out) -> None:
         mask = _read(args, kwargs, mask_at)
+        unvalued = False
         if mask is not None and not has_values(mask):
             mask = _SHADOWS.get(mask)  # a meta mask built from shapes
-        if mask is None:
+            unvalued = mask is None
+        if mask is None and not unvalued:
             return
         q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
         qs, ks, vs = q.shape, k.shape, v.shape
@@ -190,6 +196,9 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
             rec.append(Tally(*rates(qs, ks, vs, backward, True),
                              again=recomputed_rates(qs, True) if backward else (0, 0)))
             found = rec[TALLY]
+        if unvalued:
+            found.unvalued += 1
+            return
         causal = _read(args, kwargs, causal_at, False)
         with _disable_current_modes(), torch.no_grad():
             keeps = causal_keeps(qs[2], ks[-2], mask.device, causal == 2) if causal else None
@@ -317,6 +326,9 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
         return
     known = x if has_values(x) else _MASKING.get(x)
     if known is None:
+        if _UNVALUED.get(x) is not None:  # scores plus a mask nobody knows
+            _charge(rec, (ELEMENT_COSTS["softmax"], 0), 0)
+            rec[TALLY].unvalued += 1
         return
     with _disable_current_modes(), torch.no_grad():
         masked = (known <= MASKED_AT_MOST).sum()
@@ -388,6 +400,8 @@ class _Shadows:
 
 _SHADOWS = _Shadows()
 _MASKING = _Shadows()
+_UNVALUED = _Shadows()  # scores that a mask without values was added to
+_NO_VALUES = torch.empty(0)  # their entry (a strong reference to the scores would keep them)
 # elements (16 MB of float32): a larger mask is left without values, as any meta tensor, so
 # that counting a full-size model on meta stays fast and small (a 70 B model's 4,096-token
 # causal mask would be 16.7 M elements per layer)
@@ -441,6 +455,8 @@ def _shadow_tally(func, name: str) -> Callable:
         if not found[0]:
             if name in ("add", "sub") and len(found[1]) == 1:
                 _masking(args, found[1][0], out)
+            elif name in ("add", "sub") and len(found[1]) == 2:
+                _unvalued_scores(out)
             return
         try:
             with _disable_current_modes(), torch.no_grad():
@@ -465,6 +481,15 @@ def _masking(args, unknown: Tensor, out: Tensor) -> None:
                 except RuntimeError:
                     pass
             return
+
+
+def _unvalued_scores(out: Tensor) -> None:
+    """``out = scores ± mask``, neither with values, right after the contraction that made as
+    many scores: attention over a mask nobody knows (a user's meta padding mask). The softmax
+    that reads ``out`` counts the call as unvalued."""
+    scores = _EAGER.scores
+    if scores is not None and scores[1] == out.numel() and scores[2] == out.shape[-1]:
+        _UNVALUED.put(out, _NO_VALUES)
 
 
 def _both(first: Callable, then: Callable) -> Callable:

@@ -73,3 +73,6 @@ class RunFacts:
     # MoE layers (engine.expert_load): ``(layer, tokens per expert, rows computed per expert,
     # calls)`` each, in tree order; rows exceed tokens where the kernel pads to a capacity
     experts: tuple = ()
+    # attention calls whose mask had no values (a user's mask on meta or fake tensors): model
+    # flops keep every pair of theirs, the padding they would mask not subtracted
+    unvalued_masks: int = 0

@@ -445,6 +445,11 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
         lines.append("Unsupported ops: none")
     for error in counter.run.pricing_errors:
         lines.append(f"Formula failed (its calls reported unsupported): {error}")
+    unvalued = counter.run.unvalued_masks
+    if unvalued:
+        lines.append(f"Model flops keep every pair of {unvalued} attention call"
+                     f"{'s' if unvalued != 1 else ''} whose mask has no values (meta or fake "
+                     "tensors): padding not subtracted (docs/meta.md)")
     return lines
 
 
