@@ -492,6 +492,54 @@ def _unvalued_scores(out: Tensor) -> None:
         _UNVALUED.put(out, _NO_VALUES)
 
 
+# -- dropout, as the CPU decomposes it -------------------------------------------------------
+# ``noise = empty_like(x).bernoulli_(1 - p).div_(1 - p); x * noise`` (``F.dropout`` on the CPU,
+# SDPA's math decomposition), and in backward ``grad * noise`` (autograd saved the noise: the
+# same storage). Dropout is hardware work (docs/conventions.md): each of these ops' flops is
+# charged whole to the record's hardware-only share. The noise's storage is noted weakly, as
+# the masked probabilities are (``_PAIRED``), with its numel.
+_NOISE: dict = {}  # storage pointer -> (the storage's weakref, numel)
+
+
+def _noise_drawn(rec, args, kwargs, out) -> None:
+    noise = args[0]
+    if not _noisy(noise):
+        return
+    n = noise.numel()
+    _charge(rec, (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"], 0), n)
+    with _PAIRED_LOCK:
+        if len(_NOISE) >= _PAIRED_PURGE:
+            for ptr in [p for p, e in _NOISE.items() if e[0]() is None]:
+                del _NOISE[ptr]
+            while len(_NOISE) >= 4 * _PAIRED_PURGE:
+                del _NOISE[next(iter(_NOISE))]
+        storage = noise.untyped_storage()
+        _NOISE[storage._cdata] = (weakref.ref(storage), n)
+
+
+def _noisy(t) -> bool:
+    """A tensor whose storage can be followed: strided, values or not (a composite's
+    decomposition is counted on fake tensors: their storages are followed too)."""
+    return isinstance(t, Tensor) and t.layout is torch.strided
+
+
+def _is_noise(t) -> bool:
+    if not _noisy(t):
+        return False
+    found = _NOISE.get(_storage(t))
+    return found is not None and found[1] == t.numel() and found[0]() is not None
+
+
+def _noise_used(cost: str) -> Callable:
+    """``noise / (1 - p)``, ``x * noise``, ``grad * noise``: dropout's, hardware only."""
+    def tally(rec, args, kwargs, out) -> None:
+        if _NOISE and (_is_noise(args[0]) or len(args) > 1 and _is_noise(args[1])):
+            result = out[0] if isinstance(out, tuple) else out
+            _charge(rec, (ELEMENT_COSTS[cost], 0), result.numel())
+
+    return tally
+
+
 def _both(first: Callable, then: Callable) -> Callable:
     def tally(rec, args, kwargs, out) -> None:
         first(rec, args, kwargs, out)
@@ -532,7 +580,9 @@ def _tallies() -> dict:
     add("_softmax_backward_data", "default", _softmax_backward_tally)
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
-    add("mul", "Tensor", _follow_probs)
+    add("mul", "Tensor", _both(_follow_probs, _noise_used("mul")))
+    add("bernoulli_", "float", _noise_drawn)
+    add("div_", "Scalar", _noise_used("div"))
     for name in _SHADOWED:
         packet = getattr(aten, name, None)
         for overload in packet.overloads() if packet is not None else ():
