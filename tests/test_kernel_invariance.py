@@ -418,10 +418,29 @@ def test_the_math_backward_finds_the_masked_pairs_the_kernels_do(config):
     assert math.model_macs == useful * 6 * D
     assert math.macs == B * 4 * S * S * 6 * D
     assert 0 <= math.model_flops <= math.flops
-    if not dropout:  # no dropout on the CPU flash kernel
-        flash = _training_call(SDPBackend.FLASH_ATTENTION, mask, is_causal, h_kv, 0.0, dtype)
-        assert flash.model_macs == math.model_macs
-        assert flash.macs - math.macs == B * 4 * S * S * D  # the recomputed q·kᵀ
+    # the CPU flash kernel takes no dropout; model flops do not depend on it (hardware work)
+    flash = _training_call(SDPBackend.FLASH_ATTENTION, mask, is_causal, h_kv, 0.0, dtype)
+    assert flash.model_macs == math.model_macs
+    assert flash.macs - math.macs == B * 4 * S * S * D  # the recomputed q·kᵀ
+    assert math.model_flops - flash.model_flops == math_minus_fused_model_flops(
+        B, 4, h_kv, S, S, D, useful // B // 4, mask is not None, kind != "none", is_causal)
+
+
+def math_minus_fused_model_flops(b, h, h_kv, s_q, s_k, d, unmasked, attn_mask, adds_mask,
+                                 is_causal) -> int:
+    """Model flops of SDPA's math decomposition (forward + backward) less a fused kernel's,
+    for one call: the element-wise work each prices its own way (docs/conventions.md,
+    "Hardware and model flops"). ``unmasked``: the pairs of one head the mask keeps."""
+    # scale: math multiplies q and k by sqrt(scale), forward and their gradients backward;
+    # the kernels charge 1 a kept pair, forward and backward
+    scale = 2 * (s_q + s_k) * d - 2 * unmasked
+    # mask: math adds it to every score, masked ones too (is_causal: the mask it builds);
+    # the kernels charge 1 a kept pair for an attn_mask, nothing for is_causal
+    add = (s_q * s_k if adds_mask else 0) - (unmasked if attn_mask else 0)
+    built = s_q * s_k if is_causal else 0  # math's causal mask: where(tril(ones), 0, -inf)
+    # GQA: math expands k and v to every query head and sums their gradients back
+    grouped = b * h * s_k * 2 * d if h_kv != h else 0
+    return b * h * (scale + add) + built + grouped
 
 
 def test_model_flops_of_math_and_kernel_training_agree_without_a_mask():
