@@ -160,11 +160,14 @@ def test_a_repeat_call_prices_nothing_and_adds_the_first_calls_counts(monkeypatc
     """A graph called again with input shapes priced already adds its priced counts and
     nothing else: no pricing, in the same counter (counts doubled, as eager's are) or the
     next (equal to the first), timing on as off; its backward counts too where the backend
-    makes no aot_autograd node (``eager``: a hook on the nodes it made adds them)."""
+    makes no aot_autograd node (``eager``: a hook on the nodes it made adds them). A new
+    counter's gradient accumulation goes where eager's does: under the modules the graph
+    runs, though it never prices them again."""
     from dispatch_flops.engine.compiled import Graph
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    # nested: a gradient accumulated into 0.0's weight belongs under 0 (inclusive counts)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 32), nn.GELU()), nn.Linear(32, 8))
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, backend=backend)
     x = torch.randn(4, 8)

@@ -241,7 +241,12 @@ class Graph:
             graphs = tracker.graph_runs
             if graphs is None:
                 graphs = tracker.graph_runs = GraphRuns()
-            graphs.ran[id(priced)] = priced
+            if id(priced) not in graphs.ran:  # this counter's first run of it
+                graphs.ran[id(priced)] = priced
+                # the modules it runs ran there, for this counter too (pricing told the one
+                # that priced it): their gradients' accumulation goes under them, as eager's
+                for frame, _ in priced.calls:
+                    tracker.note_module_frame(frame.name, frame)
             if tracker.timer is not None:
                 timed.append((tracker.timer, graphs.times_here(tracker.current), tracker))
         first = _sequence_nr()
