@@ -520,7 +520,9 @@ def _noise_drawn(rec, args, kwargs, out) -> None:
 def _noisy(t) -> bool:
     """A tensor whose storage can be followed: strided, values or not (a composite's
     decomposition is counted on fake tensors: their storages are followed too)."""
-    return isinstance(t, Tensor) and t.layout is torch.strided
+    # is_nested first: a jagged tensor answers ``layout`` through dispatch, where a mode below
+    # the counter would see a ``prim.layout`` the user never ran (is_nested is read in C)
+    return isinstance(t, Tensor) and not t.is_nested and t.layout is torch.strided
 
 
 def _is_noise(t) -> bool:
