@@ -58,7 +58,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine import flex
+from dispatch_flops.engine import flex, masks
 from dispatch_flops.engine import module_facts as facts
 from dispatch_flops.engine.ledger import Frame
 from dispatch_flops.engine.records import CALLS, NS, TALLY
@@ -278,6 +278,7 @@ class Graph:
         pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
         flex.PRICING.append(pricing)
+        masks.FAKE_PRICING.append(pricing)
         try:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else _nullcontext():
@@ -303,6 +304,7 @@ class Graph:
             raise
         finally:
             _restore_tallies(records, held)
+            masks.FAKE_PRICING.remove(pricing)
             flex.PRICING.remove(pricing)
             tracker.current = running
             tracker.state.restore(saved)

@@ -404,16 +404,23 @@ _AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", 
                       "transpose", "permute", "slice", "select", "alias"))
 
 
+# a compiled graph's pricing run is on (engine.compiled): its fake tensors' masks built from
+# shapes are followed as on meta (a composite priced whole on fake tensors keeps the masked
+# share of the kernel its decomposition runs, docs/conventions.md: not followed there)
+FAKE_PRICING: list = []
+
+
 def _valueless(t: Tensor) -> bool:
-    """Whether ``t`` is a meta tensor, or a fake one (a compiled graph's pricing run,
-    engine.compiled): no values, and masks built from shapes followed as on meta."""
-    return t.is_meta or isinstance(t, _FAKE)
+    """Whether ``t`` is a meta tensor, or a fake one of a compiled graph's pricing run: no
+    values, and masks built from shapes followed."""
+    return t.is_meta or bool(FAKE_PRICING) and isinstance(t, _FAKE)
 
 
 def _traced(t: Tensor) -> bool:
     """Whether ``t``'s storage can be followed: a strided tensor with values, or without
     values (meta, fake)."""
-    return (type(t) is Tensor or isinstance(t, (torch.nn.Parameter, _FAKE))) and \
+    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter) or
+            bool(FAKE_PRICING) and isinstance(t, _FAKE)) and \
         t.layout is torch.strided and (_valueless(t) or has_values(t))
 
 
@@ -438,7 +445,7 @@ def _on_cpu(v, found: list):
 
 def _shadow_tally(func, name: str) -> Callable:
     def tally(rec, args, kwargs, out) -> None:
-        if not (out.__class__ is Tensor and out.is_meta or isinstance(out, _FAKE)) or \
+        if not (out.__class__ is Tensor and out.is_meta or _valueless(out)) or \
                 name not in _AS_VIEW and out.numel() > SHADOW_MOST:
             return
         found: list = [True, []]
