@@ -61,10 +61,10 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine import flex
+from dispatch_flops.engine import flex, masks
 from dispatch_flops.engine import module_facts as facts
 from dispatch_flops.engine.ledger import Frame
-from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.engine.records import CALLS, NS, TALLY
 from dispatch_flops.engine.torch_private import TorchDispatchMode, lookup
 from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack as _mode_stack
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
@@ -309,6 +309,8 @@ class Graph:
         records = ledger.records
         running, saved = tracker.current, tracker.state.save()
         before = (list(map(_calls, records)), list(map(_ns, records)))
+        held = _hold_tallies(records)
+        found: list = [{}, {}]  # masked pairs the run found, forward and backward
         with _disable_current_modes():
             # a shape environment: a value read from a tensor (a Python float the graph takes
             # as a 0-d tensor, ``.item()``) is a symbol there, not an error
@@ -322,6 +324,7 @@ class Graph:
         pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
         flex.PRICING.append(pricing)
+        masks.FAKE_PRICING.append(pricing)
         try:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else _nullcontext():
@@ -329,7 +332,9 @@ class Graph:
                 tracker.current = running
                 tracker.state.forward_acc = saved[0]
                 middle = list(map(_calls, records))
-                outs = [o for o in _flat(outs) if isinstance(o, Tensor) and o.requires_grad]
+                found[0] = _tallied(records)
+                outs = _sinks([o for o in _flat(outs)
+                               if isinstance(o, Tensor) and o.requires_grad])
                 inputs = [a for a in fake if isinstance(a, Tensor) and a.requires_grad]
                 if outs and inputs:
                     with _disable_current_modes():
@@ -337,12 +342,15 @@ class Graph:
                         grads = [torch.ones((), dtype=o.dtype, device=o.device).expand(o.shape)
                                  for o in outs]
                     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+                found[1] = _tallied(records, found[0])
         except BaseException:  # the pricing run counts nothing itself, failed or not
             for i, rec in enumerate(records):
                 rec[CALLS] = before[0][i] if i < len(before[0]) else 0
                 rec[NS] = before[1][i] if i < len(before[1]) else 0
             raise
         finally:
+            _restore_tallies(records, held)
+            masks.FAKE_PRICING.remove(pricing)
             flex.PRICING.remove(pricing)
             tracker.current = running
             tracker.state.restore(saved)
@@ -369,7 +377,9 @@ class Graph:
                 backward.append((rec, after[i] - mid))
             rec[CALLS] = was  # the pricing run counts nothing itself
             rec[NS] = ns0[i] if i < len(ns0) else 0
-        return _Priced(forward, backward, list(frames.calls.items()), pricing.tallies)
+        tallies = pricing.tallies + [_ShapeMasks(list(f.values()), bool(i))
+                                     for i, f in enumerate(found) if f]
+        return _Priced(forward, backward, list(frames.calls.items()), tallies)
 
 
 class Without:
@@ -438,6 +448,81 @@ def _flat(out):
             yield from _flat(o)
     else:
         yield out
+
+
+class _ShapeMasks:
+    """The masked pairs a pricing run found in masks its fake tensors built from shapes
+    (SDPA's math decomposition's causal mask, transformers' causal and sliding-window
+    masks: engine.masks follows them on fake tensors as on meta), added again at every run
+    of the graph, forward or backward, as flex's ``RunTally`` adds a BlockMask's."""
+
+    __slots__ = ("found", "backward")
+
+    def __init__(self, found: list, backward: bool):
+        self.found = found  # (Tally, masked, skipped)
+        self.backward = backward
+
+    def __call__(self, args) -> None:
+        for tally, masked, skipped in self.found:
+            tally.add(masked, skipped)
+
+
+def _hold_tallies(records) -> list:
+    """Set the records' masked pairs aside (``_restore_tallies`` puts them back): what a
+    pricing run finds is then its own, read as ints without reading a device's counts."""
+    held = []
+    for rec in records:
+        if len(rec) > TALLY:
+            tally = rec[TALLY]
+            held.append((tally, tally.masked, tally.skipped))
+            tally.masked = tally.skipped = 0
+    return held
+
+
+def _tallied(records, before: Optional[dict] = None) -> dict:
+    """``{id(tally): (tally, masked, skipped)}`` of the records' masked pairs found so far,
+    less ``before``'s."""
+    found = {}
+    for rec in records:
+        if len(rec) > TALLY:
+            tally = rec[TALLY]
+            masked, skipped = tally.read()
+            was = (before or {}).get(id(tally))
+            if was is not None:
+                masked, skipped = masked - was[1], skipped - was[2]
+            if masked or skipped:
+                found[id(tally)] = (tally, masked, skipped)
+    return found
+
+
+def _restore_tallies(records, held: list) -> None:
+    for rec in records:
+        if len(rec) > TALLY:
+            rec[TALLY].reset()  # a tally the pricing run made starts at zero
+    for tally, masked, skipped in held:
+        tally.masked, tally.skipped = masked, skipped
+
+
+def _sinks(outs: list) -> list:
+    """The outputs no other output is computed from: the ones a backward starts from. A graph
+    that returns its loss with the logits and caches it was computed from (transformers with
+    ``labels``), or logits with the hidden states and key/value caches behind them, hands
+    autograd a gradient for the last only; a gradient given to every output would price an
+    ``add`` per element of each of the others, which eager never runs. Outputs are told apart
+    by autograd edge (node, output number): ``k`` and ``v`` split from one node are two."""
+    seen: set = set()
+    fed: set = set()
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for child, nr in node.next_functions:
+            if child is not None:
+                fed.add((child, nr))
+                stack.append(child)
+    return [o for o in outs if o.grad_fn is None or (o.grad_fn, o.output_nr) not in fed]
 
 
 def _sink_backward(tracker, first: int, last: int) -> None:

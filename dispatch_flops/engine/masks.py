@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from dispatch_flops.engine.torch_private import FakeTensor as _FAKE
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.formulas import ELEMENT_COSTS
 from dispatch_flops.formulas.attention import recomputed_rates
@@ -417,17 +418,31 @@ _AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", 
                       "transpose", "permute", "slice", "select", "alias"))
 
 
+# a compiled graph's pricing run is on (engine.compiled): its fake tensors' masks built from
+# shapes are followed as on meta (a composite priced whole on fake tensors keeps the masked
+# share of the kernel its decomposition runs, docs/conventions.md: not followed there)
+FAKE_PRICING: list = []
+
+
+def _valueless(t: Tensor) -> bool:
+    """Whether ``t`` is a meta tensor, or a fake one of a compiled graph's pricing run: no
+    values, and masks built from shapes followed."""
+    return t.is_meta or bool(FAKE_PRICING) and isinstance(t, _FAKE)
+
+
 def _traced(t: Tensor) -> bool:
-    """Whether ``t``'s storage can be followed: a strided tensor with values, or on meta."""
-    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter)) and \
-        t.layout is torch.strided and (t.is_meta or has_values(t))
+    """Whether ``t``'s storage can be followed: a strided tensor with values, or without
+    values (meta, fake)."""
+    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter) or
+            bool(FAKE_PRICING) and isinstance(t, _FAKE)) and \
+        t.layout is torch.strided and (_valueless(t) or has_values(t))
 
 
 def _on_cpu(v, found: list):
     """``v`` with each meta tensor replaced by its shadow; ``found[0]`` False if one has none
     (and the meta tensors without one collected in ``found[1]``)."""
     if isinstance(v, Tensor):
-        if v.device.type != "meta":
+        if not _valueless(v):
             found[0] = found[0] and has_values(v) and v.device.type == "cpu"
             return v
         shadow = _SHADOWS.get(v)
@@ -444,7 +459,7 @@ def _on_cpu(v, found: list):
 
 def _shadow_tally(func, name: str) -> Callable:
     def tally(rec, args, kwargs, out) -> None:
-        if out.__class__ is not Tensor or not out.is_meta or \
+        if not (out.__class__ is Tensor and out.is_meta or _valueless(out)) or \
                 name not in _AS_VIEW and out.numel() > SHADOW_MOST:
             return
         found: list = [True, []]
@@ -473,7 +488,7 @@ def _masking(args, unknown: Tensor, out: Tensor) -> None:
     """``out = unknown ± mask``: masked where the mask is (finite scores)."""
     for a in args[:2]:
         if isinstance(a, Tensor) and a is not unknown:
-            shadow = _SHADOWS.get(a) if a.device.type == "meta" else (
+            shadow = _SHADOWS.get(a) if _valueless(a) else (
                 a if has_values(a) else None)
             if shadow is not None and shadow.dtype.is_floating_point:
                 try:
