@@ -459,7 +459,8 @@ def _on_cpu(v, found: list):
 
 def _shadow_tally(func, name: str) -> Callable:
     def tally(rec, args, kwargs, out) -> None:
-        if not (out.__class__ is Tensor and out.is_meta or _valueless(out)) or \
+        if not isinstance(out, Tensor) or not (out.__class__ is Tensor and out.is_meta or
+                                               _valueless(out)) or \
                 name not in _AS_VIEW and out.numel() > SHADOW_MOST:
             return
         found: list = [True, []]

@@ -42,6 +42,7 @@ from dispatch_flops.engine.dtensor import LogicalFigure
 from dispatch_flops.engine.dtensor import unwrapping as _unwrapping
 from dispatch_flops.engine.exotic import exotic_record
 from dispatch_flops.engine.ledger import RECOMPUTE_I, phase_of
+from dispatch_flops.engine.masks import FAKE_PRICING as _FAKE_PRICING
 from dispatch_flops.engine.masks import shadow_tally_of, tally_of
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import (
@@ -546,7 +547,8 @@ class CountingMode(TorchDispatchMode):
                 rec = exotic_record(self, key, resolved, acc, args, kwargs, out)
         if resolved.tally is not None:  # a mask's values: see engine.masks
             resolved.tally(rec, args, kwargs, out)
-        if resolved.shadow is not None and out.__class__ is Tensor and out.is_meta:
+        if resolved.shadow is not None and (out.__class__ is Tensor and out.is_meta or
+                                            _FAKE_PRICING):  # masks built from shapes
             resolved.shadow(rec, args, kwargs, out)
         if runner is None:
             rec[0] += 1  # CALLS
