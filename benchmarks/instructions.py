@@ -11,7 +11,7 @@ switched nothing on, which read as 0 instructions.) Hash seeds and torch's CPU k
 pinned (``PYTHONHASHSEED=0``, ``ATEN_CPU_CAPABILITY=default``), so a run repeats to a few
 instructions per op.
 
-    python benchmarks/instructions.py [--steps 5] [--breakdown]
+    python benchmarks/instructions.py [--steps 5] [--breakdown] [--workload train]
     python benchmarks/instructions.py --check      (CI: fails past the baseline + 5 %)
     python benchmarks/instructions.py --record "why the cost grew"   (a new baseline)
 
@@ -20,6 +20,14 @@ eager step against ``baseline_instructions.json`` beside this file. Raising the 
 deliberate commit: ``--record WHY`` writes the figures measured now with the reason, and the
 commit says why counting got dearer. ``--breakdown`` adds variants that switch parts of
 counting off (docs/overhead.md, "Where the instructions go").
+
+``--workload`` picks the step: ``train`` (the default, the one ``--check`` guards), ``forward``
+(the same tiny GPT's forward under ``no_grad``), ``mask`` (a tiny transformers BERT's forward
+under ``no_grad`` with a padding mask: SDPA with a mask argument, whose masked pairs the
+counter counts), ``compiled`` (benchmarks/compiled.py's 4-block MLP compiled by inductor,
+forward + backward: the compiled graph's calls; its "eager" is the compiled step with no mode,
+its do-nothing mode one that lets compiled code run under it, and per aten op means per op
+the counter counts, inside the graphs or not).
 """
 
 from __future__ import annotations
@@ -45,11 +53,17 @@ sys.path.insert(0, os.path.dirname(HERE))  # this checkout's package, not an ins
 BASELINE = os.path.join(HERE, "baseline_instructions.json")
 GUARDED = "fresh counter + read"  # what --check compares, per aten op added over eager
 TOLERANCE = 0.05
+_LEAST = 100_000  # instructions: fewer is a stray ffi_call's dump, not measured steps
 VARIANTS = ("eager", "do-nothing mode", "  (unwrapped)", "fresh counter + read",
             "one counter")
 CHECKED = ("eager", "do-nothing mode", GUARDED)  # what --check and --record measure
 # parts of counting switched off, to see what each costs (--breakdown)
 BREAKDOWN = ("hooks only", "no signatures")
+WORKLOADS = ("train", "forward", "mask", "compiled")
+DESCRIBED = {"train": "tiny GPT, forward + backward + AdamW",
+             "forward": "tiny GPT, forward under no_grad",
+             "mask": "tiny BERT (transformers, SDPA), forward under no_grad, padding mask",
+             "compiled": "4-block MLP compiled by inductor, forward + backward"}
 ENV = {"PYTHONHASHSEED": "0", "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
 
 
@@ -69,9 +83,12 @@ def _measured(fn) -> None:
         raise failed[0]
 
 
-def _variants(model, step, names):
+def _variants(model, step, names, compiled: bool = False):
     """{name: a context manager factory, or (factory, runs) for one block over all steps}."""
     from overhead import DoNothing, DoNothingUnwrapped
+
+    if compiled:  # a mode dynamo lets compiled code run under (else the step runs eagerly)
+        from compiled import DoNothing
 
     from dispatch_flops import FlopCounter
     from dispatch_flops.engine import mode as _mode
@@ -141,14 +158,52 @@ def _variants(model, step, names):
     return {name: made[name] for name in names}
 
 
-def _inside(steps: int, names, out) -> None:
-    """Inside callgrind: each variant warmed up, then ``steps`` steps measured."""
+def _workload(kind: str):
+    """(model, step) of a workload (``WORKLOADS``), one thread, seeded."""
     import torch
+
+    if kind == "compiled":
+        from compiled import Block
+
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        model = torch.compile(torch.nn.Sequential(*[Block(128) for _ in range(4)]))
+        x = torch.randn(8, 128)
+
+        def step():
+            model(x).sum().backward()
+            model.zero_grad(set_to_none=True)
+
+        return model, step
+    if kind == "mask":
+        from transformers import BertConfig, BertModel
+
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        model = BertModel(BertConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=256,
+                                     max_position_embeddings=32,
+                                     attn_implementation="sdpa")).eval()
+        ids = torch.randint(0, 256, (2, 16))
+        mask = torch.ones(2, 16, dtype=torch.long)
+        mask[1, 10:] = 0  # the second sequence padded
+
+        def step():
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=mask)
+
+        return model, step
     from overhead import workload
 
-    from dispatch_flops import FlopCounter
+    cfg, model, fwd_bwd, _ = workload()
+    if kind == "forward":
+        idx = torch.randint(0, cfg.vocab_size, (2, 16))
 
-    _, model, fwd_bwd, _ = workload()
+        def step():
+            with torch.no_grad():
+                model(idx)
+
+        return model, step
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
@@ -156,9 +211,18 @@ def _inside(steps: int, names, out) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return model, step
+
+
+def _inside(steps: int, names, out, kind: str = "train") -> None:
+    """Inside callgrind: each variant warmed up, then ``steps`` steps measured."""
+    from dispatch_flops import FlopCounter
+
+    model, step = _workload(kind)
+    step()  # compiles (compiled)
     with FlopCounter(model) as probe:
         step()
-    made = _variants(model, step, names)
+    made = _variants(model, step, names, compiled=kind == "compiled")
     for name in names:
         make = made[name]
 
@@ -178,7 +242,7 @@ def _inside(steps: int, names, out) -> None:
     json.dump({"names": list(names), "ops": probe.total.calls, "steps": steps}, out)
 
 
-def measure(steps: int, names) -> dict:
+def measure(steps: int, names, kind: str = "train") -> dict:
     """{variant: instructions per aten op} from one callgrind run."""
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (callgrind): apt-get install valgrind")
@@ -187,7 +251,8 @@ def measure(steps: int, names) -> dict:
         cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
                "--toggle-collect=ffi_call", "--dump-after=ffi_call",
                f"--callgrind-out-file={tmp}/cg.out", sys.executable, os.path.abspath(__file__),
-               "--inside", facts, "--steps", str(steps), "--variants", ",".join(names)]
+               "--inside", facts, "--steps", str(steps), "--variants", ",".join(names),
+               "--workload", kind]
         env = dict(os.environ)
         for key, value in ENV.items():  # pinned unless set (PYTHONHASHSEED=1: the spread)
             env.setdefault(key, value)
@@ -203,6 +268,10 @@ def measure(steps: int, names) -> dict:
             with open(path) as f:
                 found = re.search(r"^totals: (\d+)", f.read(), re.M)
             counts.append(int(found.group(1)) if found else 0)
+        # a library's own ctypes calls while a model is built (transformers' BERT: four of
+        # about a thousand instructions each) dump too; measured steps are millions
+        if len(counts) > len(names):
+            counts = [c for c in counts if c >= _LEAST]
         if len(counts) != len(names) or not all(counts):
             raise SystemExit(f"expected {len(names)} non-empty dumps, found {counts}")
     return {"ops": run["ops"],
@@ -218,6 +287,8 @@ def _environment() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--workload", choices=WORKLOADS, default="train",
+                        help="the step measured (--check and --record: train only)")
     parser.add_argument("--breakdown", action="store_true",
                         help="also the variants with parts of counting switched off")
     parser.add_argument("--check", action="store_true",
@@ -229,15 +300,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.inside:
         with open(args.inside, "w") as out:
-            _inside(args.steps, args.variants.split(","), out)
+            _inside(args.steps, args.variants.split(","), out, args.workload)
         return
+    if (args.check or args.record) and args.workload != "train":
+        parser.error("--check and --record guard the train workload only")
     names = CHECKED if args.check or args.record else \
         VARIANTS + (BREAKDOWN if args.breakdown else ())
-    run = measure(args.steps, names)
+    if args.workload == "compiled":  # that mode would run the step eagerly: no floor
+        names = tuple(n for n in names if n != "  (unwrapped)")
+    run = measure(args.steps, names, args.workload)
     per_op = run["per_op"]
     added = {n: per_op[n] - per_op["eager"] for n in names}
-    print(f"tiny GPT, forward + backward + AdamW, {run['ops']} aten ops per step, "
-          f"{args.steps} steps (callgrind, instructions per aten op)")
+    print(f"{DESCRIBED[args.workload]}, {run['ops']} aten ops per step, "
+          f"{args.steps} steps (callgrind, instructions per aten op; per step: x {run['ops']})")
     for name in names:
         extra = "" if name == "eager" else (
             f"  added {added[name] / 1e3:6.2f} K, "

@@ -315,6 +315,7 @@ class FlopCounter(ProfileViews):
         counts = Captured(tracker.ledger, mode.resolved, self._timer is not None)
         return counts, facts, self._run_facts(
             pricing_errors=counts.errors,
+            unvalued_masks=counts.unvalued_masks,
             dtensor_ops=mode.logical_ops(self.attention == "causal"),
             attention_calls=_facts.attention_calls(tracker, mode.resolved),
             parameters=_facts.parameter_groups(tracker, mode.resolved),

@@ -2,7 +2,11 @@
 
 Drawing random bits is the generator's integer work, priced by ``ELEMENT_COSTS["random_draw"]``
 (0 by default: we count the arithmetic done with the draws). ``bernoulli`` compares each draw
-with p; dropout compares, masks and rescales.
+with p; dropout compares, masks and rescales. Dropout's work is hardware work, not the
+model's: a model has the same model flops in ``train()`` and ``eval()`` (docs/conventions.md,
+"Hardware and model flops"), so every dropout formula returns its flops as ``masked_flops``
+too, the hardware-only share (the CPU's decomposition, ``bernoulli_`` and the products with
+its noise, is recognised by the engine: ``engine.masks``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ aten = namespace("aten")  # ops this torch lacks read as names, never met
 
 def _ops(names: str) -> list:
     return aten.present(names.split())
+
+
+def hardware_only(flops: int) -> Cost:
+    """Dropout's flops, all of them outside model flops."""
+    return Cost(flops, masked_flops=flops)
 
 
 @register_formula(_ops("""
@@ -37,17 +46,17 @@ def bernoulli(x, *args, out_shape, **kw) -> Cost:
 def native_dropout(x, p, train, *, out_shape, **kw) -> Cost:
     # train=False (or None in eval) returns the input and an all-true mask
     per_element = ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["dropout"]
-    return Cost(numel(x) * per_element if train else 0)
+    return hardware_only(numel(x) * per_element if train else 0)
 
 
 @register_formula(_ops("native_dropout_backward _masked_scale"))
 def dropout_backward(grad_out, mask, scale, *, out_shape, **kw) -> Cost:
-    return Cost(numel(grad_out) * ELEMENT_COSTS["dropout_backward"])
+    return hardware_only(numel(grad_out) * ELEMENT_COSTS["dropout_backward"])
 
 
 @register_formula(_ops("_fused_dropout"))
 def fused_dropout(x, p, *args, out_shape, **kw) -> Cost:
-    return Cost(numel(x) * (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["dropout"]))
+    return hardware_only(numel(x) * (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["dropout"]))
 
 
 # composite entry points (inference_mode); priced as their decomposition: bernoulli_ on a
@@ -66,7 +75,8 @@ def scaled_dropout(feature: bool):
             return Cost(0)
         per_noise = (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"]
                      + ELEMENT_COSTS["div"])
-        return Cost(_noise_elements(x, feature) * per_noise + numel(x) * ELEMENT_COSTS["mul"])
+        return hardware_only(_noise_elements(x, feature) * per_noise
+                             + numel(x) * ELEMENT_COSTS["mul"])
 
     return formula
 
@@ -78,7 +88,7 @@ def alpha_dropout(feature: bool):
         if not (train and p > 0):
             return Cost(0)
         per_noise = ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"] + 4
-        return Cost(_noise_elements(x, feature) * per_noise + 2 * numel(x))
+        return hardware_only(_noise_elements(x, feature) * per_noise + 2 * numel(x))
 
     return formula
 

@@ -156,6 +156,45 @@ def test_recompiles_for_new_shapes_count_each_shape():
 
 
 @runs_compiled
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager", "eager"])
+def test_a_repeat_call_prices_nothing_and_adds_the_first_calls_counts(monkeypatch, backend):
+    """A graph called again with input shapes priced already adds its priced counts and
+    nothing else: no pricing, in the same counter (counts doubled, as eager's are) or the
+    next (equal to the first), timing on as off; its backward counts too where the backend
+    makes no aot_autograd node (``eager``: a hook on the nodes it made adds them). A new
+    counter's gradient accumulation goes where eager's does: under the modules the graph
+    runs, though it never prices them again."""
+    from dispatch_flops.engine.compiled import Graph
+
+    torch.manual_seed(0)
+    # nested: a gradient accumulated into 0.0's weight belongs under 0 (inclusive counts)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 32), nn.GELU()), nn.Linear(32, 8))
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(4, 8)
+    first = counted(compiled, x)
+    assert_same_counts(first, counted(reference, x))
+    priced = []
+    original = Graph._price
+    monkeypatch.setattr(Graph, "_price",
+                        lambda self, *a: priced.append(self) or original(self, *a))
+
+    def twice(m, timing):
+        m.zero_grad(set_to_none=True)
+        with FlopCounter(m, timing=timing) as fc:
+            for _ in range(2):
+                m(x).sum().backward()
+        return fc
+
+    for timing in (False, True):
+        assert_same_counts(twice(compiled, timing), twice(reference, timing))
+        again = counted(compiled, x)
+        assert again.total == first.total
+        assert again.by_operator() == first.by_operator()
+    assert not priced
+
+
+@runs_compiled
 def test_compiled_child_keeps_the_users_names():
     """A submodule compiled in place (``model.block = torch.compile(block)``) is named as the
     user named it, never ``block._orig_mod``."""

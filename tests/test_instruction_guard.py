@@ -56,3 +56,26 @@ def test_the_committed_baseline_names_the_guarded_figure_and_why():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert base["added_per_op"][module.GUARDED] > 0 and base["why"].strip()
+
+
+@pytest.mark.parametrize("kind", ["forward", pytest.param("mask", marks=pytest.mark.slow),
+                                  pytest.param("compiled", marks=pytest.mark.slow)])
+def test_each_workload_runs_its_variants_outside_callgrind(guard, kind, tmp_path):
+    """The breakdown's workloads (``--workload``) build and run every variant, natively (one
+    step each: what callgrind would measure), and count their ops: the mask one counts
+    masked attention, the compiled one its graph's ops."""
+    import io
+
+    import torch
+
+    out = io.StringIO()
+    names = guard.VARIANTS + guard.BREAKDOWN
+    if kind == "compiled":
+        names = tuple(n for n in names if n != "  (unwrapped)")
+    threads = torch.get_num_threads()
+    try:
+        guard._inside(1, names, out, kind)
+    finally:
+        torch.set_num_threads(threads)
+    run = json.loads(out.getvalue())
+    assert run["names"] == list(names) and run["ops"] > 50

@@ -1,7 +1,7 @@
 """The training-loop callbacks, with the real libraries on a tiny Llama built from its config:
 a few Trainer steps each, the logged model flops equal to a FlopCounter run of the same step,
 counted steps in no timed figure (a fake clock that counted steps move by 100 s), and every
-logged mfu / hfu equal to the logged flops / (step_s x peak_flop_s) to the bit."""
+logged mfu_all_ops / hfu_all_ops equal to the logged flops / (step_s x peak_flop_s) to the bit."""
 
 from types import SimpleNamespace
 
@@ -54,8 +54,9 @@ def check_identities(metrics, model_flops):
     assert metrics["model_flops"] == model_flops
     assert metrics["step_s"] == TIMED_S  # no counted step's 100 s in it
     assert metrics["peak_flop_s"] == CPU.peak_flops(torch.float32)
-    assert metrics["mfu"] == metrics["model_flops"] / (metrics["step_s"] * metrics["peak_flop_s"])
-    assert metrics["hfu"] == \
+    assert metrics["mfu_all_ops"] == \
+        metrics["model_flops"] / (metrics["step_s"] * metrics["peak_flop_s"])
+    assert metrics["hfu_all_ops"] == \
         metrics["hardware_flops"] / (metrics["step_s"] * metrics["peak_flop_s"])
     assert metrics["tokens_per_s"] == TOKENS / TIMED_S
     assert metrics["hardware_flops"] > metrics["model_flops"]  # clipping, the optimizer
@@ -94,15 +95,16 @@ def test_transformers_callback_logs_mfu_of_uncounted_steps(tmp_path, monkeypatch
     assert len(step_logs) == 8
     # step 0 untouched, 1, 4, 7 counted; the log after a step carries the timed steps since
     # the previous log: steps 2, 3, 5, 6 (global_step 3, 4, 6, 7)
-    assert [h["step"] for h in step_logs if "mfu" in h] == [3, 4, 6, 7]
-    assert [("mfu" in s) for s in seen if "loss" in s] == [("mfu" in h) for h in step_logs]
+    assert [h["step"] for h in step_logs if "mfu_all_ops" in h] == [3, 4, 6, 7]
+    assert [("mfu_all_ops" in s) for s in seen if "loss" in s] == \
+        [("mfu_all_ops" in h) for h in step_logs]
     # the same step, as the Trainer runs it (its loss is scaled by the tokens it counts)
     batch = first_batch(rows)
     items = trainer._get_num_items_in_batch([batch], torch.device("cpu"))
     with FlopCounter(model) as fc:
         trainer.training_step(model, batch, items)
     for logs in step_logs:
-        if "mfu" in logs:
+        if "mfu_all_ops" in logs:
             check_identities(logs, fc.model_flops())
     reading = callback.meter.reading()
     assert (reading.steps, reading.counted_steps, reading.unpriced_steps) == (4, 3, 0)
@@ -120,9 +122,9 @@ def test_transformers_callback_without_a_peak_says_so_at_the_users_call(tmp_path
     trainer = transformers.Trainer(model=tiny_llama(),
                                    args=trainer_args(transformers, tmp_path, 1),
                                    train_dataset=token_rows(4), callbacks=[callback])
-    with pytest.warns(RuntimeWarning, match="no mfu / hfu") as warned:
+    with pytest.warns(RuntimeWarning, match="no mfu_all_ops / hfu_all_ops") as warned:
         trainer.train()  # the warning points here
-    message = next(w for w in warned if "no mfu" in str(w.message))
+    message = next(w for w in warned if "no mfu_all_ops" in str(w.message))
     assert message.filename == __file__
     assert "DeviceSpec.cpu(flop_s, bytes_s)" in str(message.message)
     assert "DeviceSpec.calibrate()" in str(message.message)
@@ -175,7 +177,7 @@ def test_lightning_callback_logs_mfu_of_uncounted_steps(monkeypatch):
                                 enable_checkpointing=False, enable_progress_bar=False,
                                 enable_model_summary=False, gradient_clip_val=1.0)
     trainer.fit(Module(), loader)
-    with_mfu = [(step, m) for step, m in logged if "mfu" in m]
+    with_mfu = [(step, m) for step, m in logged if "mfu_all_ops" in m]
     # steps 1, 4, 7 counted, 2, 3, 5, 6 timed: each written at its own step, and a counted
     # step's line repeats the last timed figures
     assert [step for step, _ in with_mfu] == [2, 3, 4, 5, 6, 7]

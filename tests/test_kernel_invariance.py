@@ -14,6 +14,8 @@ as a script to print the matrix: ``python tests/test_kernel_invariance.py``.
 from __future__ import annotations
 
 import itertools
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dispatch_flops import FlopCounter
+from dispatch_flops import FlopCounter, Profile
 from dispatch_flops.results.stats import Stats
 from helpers import attention_stats
 
@@ -416,10 +418,29 @@ def test_the_math_backward_finds_the_masked_pairs_the_kernels_do(config):
     assert math.model_macs == useful * 6 * D
     assert math.macs == B * 4 * S * S * 6 * D
     assert 0 <= math.model_flops <= math.flops
-    if not dropout:  # no dropout on the CPU flash kernel
-        flash = _training_call(SDPBackend.FLASH_ATTENTION, mask, is_causal, h_kv, 0.0, dtype)
-        assert flash.model_macs == math.model_macs
-        assert flash.macs - math.macs == B * 4 * S * S * D  # the recomputed q·kᵀ
+    # the CPU flash kernel takes no dropout; model flops do not depend on it (hardware work)
+    flash = _training_call(SDPBackend.FLASH_ATTENTION, mask, is_causal, h_kv, 0.0, dtype)
+    assert flash.model_macs == math.model_macs
+    assert flash.macs - math.macs == B * 4 * S * S * D  # the recomputed q·kᵀ
+    assert math.model_flops - flash.model_flops == math_minus_fused_model_flops(
+        B, 4, h_kv, S, S, D, useful // B // 4, mask is not None, kind != "none", is_causal)
+
+
+def math_minus_fused_model_flops(b, h, h_kv, s_q, s_k, d, unmasked, attn_mask, adds_mask,
+                                 is_causal) -> int:
+    """Model flops of SDPA's math decomposition (forward + backward) less a fused kernel's,
+    for one call: the element-wise work each prices its own way (docs/conventions.md,
+    "Hardware and model flops"). ``unmasked``: the pairs of one head the mask keeps."""
+    # scale: math multiplies q and k by sqrt(scale), forward and their gradients backward;
+    # the kernels charge 1 a kept pair, forward and backward
+    scale = 2 * (s_q + s_k) * d - 2 * unmasked
+    # mask: math adds it to every score, masked ones too (is_causal: the mask it builds);
+    # the kernels charge 1 a kept pair for an attn_mask, nothing for is_causal
+    add = (s_q * s_k if adds_mask else 0) - (unmasked if attn_mask else 0)
+    built = s_q * s_k if is_causal else 0  # math's causal mask: where(tril(ones), 0, -inf)
+    # GQA: math expands k and v to every query head and sums their gradients back
+    grouped = b * h * s_k * 2 * d if h_kv != h else 0
+    return b * h * (scale + add) + built + grouped
 
 
 def test_model_flops_of_math_and_kernel_training_agree_without_a_mask():
@@ -475,8 +496,55 @@ def test_a_tiny_llama_built_on_meta_counts_the_model_macs_of_the_cpu(mask):
         ids = torch.zeros(2, 24, dtype=torch.long, device=device)
         with FlopCounter(model) as fc:
             model(ids)
+        unvalued.append(fc.to_profile().run.unvalued_masks)
         return fc.total
 
+    unvalued: list = []
     figures = _meta_and_cpu(run)
     assert figures["meta"].masked_macs > 0
     assert figures["meta"].model_macs == figures["cpu"].model_macs
+    assert unvalued == [0, 0]  # masks built from shapes: known, no note
+
+
+@pytest.mark.parametrize("tensors", ["meta", "fake"])
+def test_a_users_mask_without_values_is_said_in_the_result(tensors):
+    """A padding mask that is the user's meta (or fake) tensor has no values: its calls keep
+    every pair in model flops, and the result says so (``run.unvalued_masks``: one per call,
+    kept by JSON, summed by ``merge``, a line in the table's footer); a causal mask from
+    shapes on the same device is known (no note). Oracle: the dense pairs, and the CPU run of
+    the same padding, which does subtract them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    keep = torch.ones(B, 1, S, S, dtype=torch.bool)
+    keep[1, ..., S // 2:] = False  # the second sequence is half padding
+    q_cpu = torch.randn(B, 4, S, D)
+
+    def count(q, **kw) -> FlopCounter:
+        with FlopCounter() as fc:
+            for _ in range(3):
+                F.scaled_dot_product_attention(q, q, q, **kw)
+        return fc
+
+    cpu = count(q_cpu, attn_mask=keep).to_profile()
+    assert cpu.run.unvalued_masks == 0 and cpu.total.masked_macs > 0
+    if tensors == "meta":
+        q, mask = q_cpu.to("meta"), keep.to("meta")
+        unknown, causal = count(q, attn_mask=mask), count(q, is_causal=True)
+    else:
+        with FakeTensorMode() as fake:
+            q, mask = fake.from_tensor(q_cpu), fake.from_tensor(keep)
+            unknown, causal = count(q, attn_mask=mask), count(q, is_causal=True)
+    run = unknown.to_profile()
+    assert run.run.unvalued_masks == 3
+    assert unknown.total.model_macs == 3 * B * 4 * S * S * 2 * D  # every pair
+    assert "every pair of 3 attention calls whose mask has no values" in \
+        " ".join(unknown.table(width=200).split())
+    assert causal.to_profile().run.unvalued_masks == 0
+    assert "mask has no values" not in causal.table(width=200)
+    if tensors == "meta":  # the shape-built causal mask is counted, as on the CPU
+        assert causal.total.masked_macs > 0
+    path = Path(tempfile.mkdtemp()) / "run.json"
+    run.to_json(path)
+    assert Profile.from_json(path).run.unvalued_masks == 3
+    assert Profile.merge([run, run]).run.unvalued_masks == 6
+    assert Profile.merge([run, run]).per_step().run.unvalued_masks == 3

@@ -72,7 +72,7 @@ def test_counted_steps_are_in_no_figure():
     model_flops, hardware_flops = reference_flops(model, ids)
     assert reading.model_flops == model_flops and reading.hardware_flops == hardware_flops
     assert reading.tokens == 10 and reading.tokens_per_s == 10.0
-    assert reading.mfu == model_flops / 1e9
+    assert reading.mfu_all_ops == model_flops / 1e9
 
 
 def test_a_counted_step_is_left_out_on_the_real_clock():
@@ -90,8 +90,8 @@ def test_a_counted_step_is_left_out_on_the_real_clock():
 
 
 def test_mfu_is_the_reported_figures_to_the_bit():
-    """mfu and hfu equal model / hardware flops over (step_s x peak_flop_s) as logged, in
-    float arithmetic, over a window of uneven steps."""
+    """mfu_all_ops and hfu_all_ops equal model / hardware flops over (step_s x peak_flop_s)
+    as logged, in float arithmetic, over a window of uneven steps."""
     model, clock = mlp(), FakeClock()
     meter = ThroughputMeter(model, device=CPU, every=4, warmup=0)
     meter._clock = clock
@@ -102,12 +102,13 @@ def test_mfu_is_the_reported_figures_to_the_bit():
             clock.now += 0.1 * (k + 1) / 3
     logged = meter.take().metrics()
     assert logged["peak_flop_s"] == CPU.peak_flops(torch.float32)
-    assert logged["mfu"] == logged["model_flops"] / (logged["step_s"] * logged["peak_flop_s"])
-    assert logged["hfu"] == logged["hardware_flops"] / (logged["step_s"] * logged["peak_flop_s"])
-    assert logged["hfu"] > logged["mfu"] > 0
+    per_s = logged["step_s"] * logged["peak_flop_s"]
+    assert logged["mfu_all_ops"] == logged["model_flops"] / per_s
+    assert logged["hfu_all_ops"] == logged["hardware_flops"] / per_s
+    assert logged["hfu_all_ops"] > logged["mfu_all_ops"] > 0
     assert meter.take() is None  # the window was taken
     for step in meter.history:
-        assert step.mfu == step.model_flops / (step.step_s * step.peak_flop_s)
+        assert step.mfu_all_ops == step.model_flops / (step.step_s * step.peak_flop_s)
 
 
 def test_each_shape_is_priced_by_its_own_counted_step():
@@ -183,7 +184,7 @@ def test_no_peak_warns_at_the_users_line_and_names_the_ways_to_give_one():
     assert "DeviceSpec.calibrate()" in str(seen[0].message)
     assert seen[0].filename == __file__
     reading = meter.reading()
-    assert reading.mfu is None and "mfu" not in reading.metrics()
+    assert reading.mfu_all_ops is None and "mfu_all_ops" not in reading.metrics()
     assert "no MFU" in str(reading) and reading.model_flops > 0
 
 
@@ -194,7 +195,7 @@ def test_an_mfu_above_one_is_flagged():
     ids = torch.randint(0, 16, (2, 5))
     with pytest.warns(RuntimeWarning, match="above 100 %.*peak is too low"):
         run(meter, model, [ids] * 2, clock)
-        assert meter.reading().mfu > 1
+        assert meter.reading().mfu_all_ops > 1
 
 
 def test_dtype_names_the_peak():
@@ -317,3 +318,37 @@ def test_the_meter_is_public():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert dispatch_flops.ThroughputMeter is throughput.ThroughputMeter
+
+
+def test_the_meters_mfu_is_named_apart_from_profile_mfu():
+    """The meter's figure is ``mfu_all_ops`` (every op's model flops at one peak), logged
+    under that key and printed with why it differs from ``Profile.mfu()`` (2 x model MACs,
+    each op at its dtype's peak); the old ``mfu`` / ``hfu`` names still answer, with a
+    DeprecationWarning naming the new one. On one timed block the two definitions are
+    ``Profile.mfu(flops="all", dtype=...)`` and ``Profile.mfu()``, and they differ."""
+    model, clock = mlp(), FakeClock()
+    meter = ThroughputMeter(model, device=CPU, every=10, warmup=0)
+    meter._clock = clock
+    ids = torch.randint(0, 16, (2, 5))
+    run(meter, model, [ids] * 3, clock)
+    reading = meter.reading()
+    assert "mfu" not in reading.metrics() and "mfu_all_ops" in reading.metrics()
+    assert set(throughput.METRICS) == set(reading.metrics())
+    for old, new in throughput.RENAMED.items():
+        with pytest.warns(DeprecationWarning, match=new):
+            assert getattr(reading, old) == getattr(reading, new)
+        with pytest.warns(DeprecationWarning, match=new):
+            assert getattr(meter.history[0], old) == getattr(meter.history[0], new)
+    text = str(reading)
+    assert "MFU (all ops, one peak)" in text and "Profile.mfu() counts 2 x model MACs" in text
+    with FlopCounter(model, timing=True) as fc:
+        train_step(model, ids)
+    seconds = fc.wall_s * CPU.peak_flops(torch.float32)
+    assert fc.mfu(CPU, dtype=torch.float32, flops="all") == pytest.approx(
+        fc.model_flops() / seconds)
+    assert fc.mfu(CPU) == pytest.approx(2 * sum(
+        s.model_macs for p, s in fc.by_phase().items() if p in ("forward", "backward"))
+        / seconds)
+    assert fc.model_flops() > 2 * fc.total.macs  # the bias adds: all ops count more
+    assert fc.mfu_text(CPU, flops="all").startswith("MFU (all ops) ")
+    assert fc.mfu_text(CPU).startswith("MFU ") and "all ops" not in fc.mfu_text(CPU)

@@ -18,23 +18,25 @@ back when the last counter leaves, so the compiled code (never dropped) runs aga
 2.8.0 (tests/test_compiled.py::test_stays_compiled_after_counting fails there without it).
 
 **Count what compiled code runs.** Every graph dynamo hands to a backend (inductor or any
-other) is wrapped in a ``Graph`` (``install``, once, when this package and dynamo are both imported:
-graphs compiled earlier are not seen). Outside a counter a graph call costs one Python call more.
-Inside one, the graph's work is priced once per counter's ledger, enclosing frame and input
-shapes: its GraphModule is re-run on fake tensors under the counter's own mode, node by node
-in the frame its ``nn_module_stack`` names (the user's module names: the stack holds the
-modules themselves), then its backward on fake gradients; what that adds to the ledger's
-records, forward and backward apart, are the graph's counts. Each real run of the graph then
-adds its forward counts (one loop over its records) and runs with the counting modes taken off
-the dispatch stack (``Without``; a user's other modes stay, in order, and the stack is put
-back even when the graph raises): the extern kernels it still dispatches are in the counts
-already, and would otherwise each go through Python. Its compiled backward runs the same way
-(``_backward_without`` wraps the backward of the aot_autograd Function class it ran), and
-its backward counts are added when autograd first runs a node it made; the sequence numbers of
-the nodes it made are mapped to a sink too, for the ops of nodes that are not aot_autograd's.
-So compiled counts are eager's counts of the same graph: the same formulas, signatures and
-attribution, with no second pricing path and no double counting; what inductor fuses or
-decomposes does not change them.
+other) is wrapped in a ``Graph`` (``install``, once, when this package and dynamo are both
+imported: graphs compiled earlier are not seen). Outside a counter a graph call costs one
+Python call more. Inside one, the graph's work is priced once per counter's ledger,
+enclosing frame and input shapes: its GraphModule is re-run on fake tensors under the
+counter's own mode, node by node in the frame its ``nn_module_stack`` names (the user's
+module names: the stack holds the modules themselves), then its backward on fake gradients;
+what that adds to the ledger's records, forward and backward apart, are the graph's counts.
+Each real run of the graph then adds its forward counts (split into tuples when priced,
+added in C loops: a run of a signature priced already prices nothing and looks nothing up
+per record) and runs with the counting modes taken off the dispatch stack (``Without``; a
+user's other modes stay, in order, and the stack is put back even when the graph raises):
+the extern kernels it still dispatches are in the counts already, and would otherwise each
+go through Python. Its compiled backward runs the same way (``_backward_without`` wraps the
+backward of the aot_autograd Function class it ran), and its backward counts are added as
+that backward starts (by a hook on the nodes it made, for a backend that makes no
+aot_autograd node), once per run; the sequence numbers of the nodes it made are mapped to a
+sink too, for the ops of nodes that are not aot_autograd's. So compiled counts are eager's
+counts of the same graph: the same formulas, signatures and attribution, with no second
+pricing path and no double counting; what inductor fuses or decomposes does not change them.
 
 **Time.** With timing on, each graph run is timed whole, forward and backward apart, by the
 counter's timer (``mark``/``span``: the host clock on the CPU, events on the device's
@@ -52,16 +54,17 @@ import sys
 import threading
 import warnings
 import weakref
-from operator import itemgetter
-from typing import Callable, Optional, Sequence
+from collections import deque
+from operator import add, attrgetter, itemgetter, setitem
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine import flex
+from dispatch_flops.engine import flex, masks
 from dispatch_flops.engine import module_facts as facts
 from dispatch_flops.engine.ledger import Frame
-from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.engine.records import CALLS, NS, TALLY
 from dispatch_flops.engine.torch_private import TorchDispatchMode, lookup
 from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack as _mode_stack
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
@@ -113,9 +116,13 @@ SINK_FRAME = _SinkFrame()
 class _Priced:
     """A graph's counts in one ledger: ``(record, calls)`` pairs of its forward and of its
     backward, and the frames whose module calls it makes. Kept by the graph for as long as
-    the ledger lives (``Graph.priced``): it holds no reference to the ledger itself."""
+    the ledger lives (``Graph.priced``): it holds no reference to the ledger itself.
 
-    __slots__ = ("forward", "backward", "calls", "tallies")
+    Each run adds them: the pairs are kept apart as tuples too (``_Adds``), so that a run adds
+    them in C loops, with nothing priced, looked up or allocated per record."""
+
+    __slots__ = ("forward", "backward", "calls", "tallies", "adds", "backward_adds",
+                 "forward_tallies", "backward_tallies")
 
     def __init__(self, forward, backward, calls, tallies=()):
         self.forward = forward
@@ -124,8 +131,41 @@ class _Priced:
         # flex calls whose masked (and skipped) pairs each run counts from its inputs
         # (engine.flex.RunTally), forward and backward
         self.tallies = tallies
+        self.forward_tallies = tuple(t for t in tallies if not t.backward)
+        self.backward_tallies = tuple(t for t in tallies if t.backward)
+        self.adds = _Adds(forward, calls)  # what each run adds, forward
+        self.backward_adds = _Adds(backward, ()) if backward or self.backward_tallies \
+            else None
 
 
+# a maxlen-0 deque's extend runs an iterator to its end and keeps nothing: a C loop
+_consume: Callable[[Iterable], None] = deque(maxlen=0).extend
+_frame_calls = attrgetter("calls")
+
+
+class _Adds:
+    """``(record, calls)`` and ``(frame, calls)`` pairs as parallel tuples, added by ``add``
+    in C loops (map over itemgetter, add, setitem): a run of a graph with a hundred records
+    costs a few Python calls, not a hundred loop turns."""
+
+    __slots__ = ("recs", "slots", "ns", "frames", "frame_ns", "names")
+
+    def __init__(self, pairs, calls):
+        self.recs = tuple(rec for rec, _ in pairs)
+        self.slots = (CALLS,) * len(self.recs)
+        self.ns = tuple(n for _, n in pairs)
+        self.frames = tuple(frame for frame, _ in calls)
+        self.frame_ns = tuple(n for _, n in calls)
+        self.names = ("calls",) * len(self.frames)
+
+    def add(self) -> None:
+        recs = self.recs
+        # each record once (they are the ledger's, listed once each): read, add, write back
+        _consume(map(setitem, recs, self.slots, map(add, map(_calls, recs), self.ns)))
+        frames = self.frames
+        if frames:
+            _consume(map(setattr, frames, self.names,
+                         map(add, map(_frame_calls, frames), self.frame_ns)))
 
 
 def _shape_env():
@@ -176,10 +216,10 @@ class Graph:
             return self.compiled(*args, **kwargs)
         shapes = tuple(a.shape if isinstance(a, Tensor) else a for a in args
                        if isinstance(a, (Tensor, int))) if self.dynamic else ()
+        owner = self.owners[0][0] if self.owners else None
+        instance = id(args[owner]) if owner is not None and len(args) > owner else None
         runs = []
         for mode, tracker in mine:
-            instance = id(args[self.owners[0][0]]) if self.owners and \
-                len(args) > self.owners[0][0] else None
             ledger = tracker.ledger
             prices = self.priced.get(ledger)
             if prices is None:
@@ -188,35 +228,30 @@ class Graph:
             key = (id(tracker.state.forward_acc), shapes, instance)
             priced = prices.get(key)
             if priced is None:
-                try:
-                    priced = self._price(mode, tracker, args, kwargs)
-                except Exception as e:  # what fake tensors cannot run: eager can
-                    priced = _EAGER
-                    warnings.warn(
-                        f"dispatch_flops: a compiled graph could not be priced on fake tensors "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                        f"its runs inside counters are counted as eager code (the graph "
-                        f"dynamo traced, run op by op)", RuntimeWarning, stacklevel=2)
-                prices[key] = priced
+                priced = prices[key] = self._price_or_eager(mode, tracker, args, kwargs)
             if priced is _EAGER:  # counted as eager: the traced graph run under the modes
                 return self.gm(*args, **kwargs)
             runs.append((mode, tracker, priced))
+        # a signature priced already: its counts added whole, nothing priced or looked up
         timed = []
         for _mode, tracker, priced in runs:
-            for rec, n in priced.forward:
-                rec[CALLS] += n
-            for tally in priced.tallies:
-                if not tally.backward:
-                    tally(args)
-            for frame, n in priced.calls:
-                frame.calls += n
-            graphs = _graph_runs(tracker)
-            graphs.ran[id(priced)] = priced
+            priced.adds.add()
+            for tally in priced.forward_tallies:
+                tally(args)
+            graphs = tracker.graph_runs
+            if graphs is None:
+                graphs = tracker.graph_runs = GraphRuns()
+            if id(priced) not in graphs.ran:  # this counter's first run of it
+                graphs.ran[id(priced)] = priced
+                # the modules it runs ran there, for this counter too (pricing told the one
+                # that priced it): their gradients' accumulation goes under them, as eager's
+                for frame, _ in priced.calls:
+                    tracker.note_module_frame(frame.name, frame)
             if tracker.timer is not None:
                 timed.append((tracker.timer, graphs.times_here(tracker.current), tracker))
         first = _sequence_nr()
         modes = tuple(mode for mode, _, _ in runs)
-        marks = [timer.mark() for timer, _, _ in timed]
+        marks = [timer.mark() for timer, _, _ in timed] if timed else timed
         try:
             # the counting modes are off the stack while it runs (other modes stay): what it
             # dispatches is counted already, and a Python mode slows its every extern kernel
@@ -230,13 +265,24 @@ class Graph:
         self.runs += 1
         if last > first:  # nodes made: their backward is counted once, when it first runs
             nodes = _nodes_made(out, first, last)
-            _run_backward_without(nodes, modes, timed)
-            for mode, tracker, priced in runs:
+            adds = [(mode, tracker, priced.backward_adds, priced.backward_tallies, args)
+                    for mode, tracker, priced in runs if priced.backward_adds is not None]
+            if not _run_backward_without(nodes, modes, timed, adds) and adds:
+                _add_on_backward(nodes, adds)  # no aot_autograd node to add them: a hook
+            for _mode, tracker, _priced in runs:
                 _sink_backward(tracker, first, last)
-                if priced.backward:
-                    _add_on_backward(nodes, mode, tracker, priced.backward,
-                                     [t for t in priced.tallies if t.backward], args)
         return out
+
+    def _price_or_eager(self, mode, tracker, args, kwargs) -> _Priced:
+        try:
+            return self._price(mode, tracker, args, kwargs)
+        except Exception as e:  # what fake tensors cannot run: eager can
+            warnings.warn(
+                f"dispatch_flops: a compiled graph could not be priced on fake tensors "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                f"its runs inside counters are counted as eager code (the graph "
+                f"dynamo traced, run op by op)", RuntimeWarning, stacklevel=3)
+            return _EAGER
 
     def _renames(self, tracker, args) -> dict:
         """``{name at compile time: name now}`` of the modules whose parameters this run
@@ -263,6 +309,8 @@ class Graph:
         records = ledger.records
         running, saved = tracker.current, tracker.state.save()
         before = (list(map(_calls, records)), list(map(_ns, records)))
+        held = _hold_tallies(records)
+        found: list = [{}, {}]  # masked pairs the run found, forward and backward
         with _disable_current_modes():
             # a shape environment: a value read from a tensor (a Python float the graph takes
             # as a 0-d tensor, ``.item()``) is a symbol there, not an error
@@ -276,6 +324,7 @@ class Graph:
         pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
         flex.PRICING.append(pricing)
+        masks.FAKE_PRICING.append(pricing)
         try:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else _nullcontext():
@@ -283,7 +332,9 @@ class Graph:
                 tracker.current = running
                 tracker.state.forward_acc = saved[0]
                 middle = list(map(_calls, records))
-                outs = [o for o in _flat(outs) if isinstance(o, Tensor) and o.requires_grad]
+                found[0] = _tallied(records)
+                outs = _sinks([o for o in _flat(outs)
+                               if isinstance(o, Tensor) and o.requires_grad])
                 inputs = [a for a in fake if isinstance(a, Tensor) and a.requires_grad]
                 if outs and inputs:
                     with _disable_current_modes():
@@ -291,12 +342,15 @@ class Graph:
                         grads = [torch.ones((), dtype=o.dtype, device=o.device).expand(o.shape)
                                  for o in outs]
                     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+                found[1] = _tallied(records, found[0])
         except BaseException:  # the pricing run counts nothing itself, failed or not
             for i, rec in enumerate(records):
                 rec[CALLS] = before[0][i] if i < len(before[0]) else 0
                 rec[NS] = before[1][i] if i < len(before[1]) else 0
             raise
         finally:
+            _restore_tallies(records, held)
+            masks.FAKE_PRICING.remove(pricing)
             flex.PRICING.remove(pricing)
             tracker.current = running
             tracker.state.restore(saved)
@@ -323,7 +377,9 @@ class Graph:
                 backward.append((rec, after[i] - mid))
             rec[CALLS] = was  # the pricing run counts nothing itself
             rec[NS] = ns0[i] if i < len(ns0) else 0
-        return _Priced(forward, backward, list(frames.calls.items()), pricing.tallies)
+        tallies = pricing.tallies + [_ShapeMasks(list(f.values()), bool(i))
+                                     for i, f in enumerate(found) if f]
+        return _Priced(forward, backward, list(frames.calls.items()), tallies)
 
 
 class Without:
@@ -394,6 +450,81 @@ def _flat(out):
         yield out
 
 
+class _ShapeMasks:
+    """The masked pairs a pricing run found in masks its fake tensors built from shapes
+    (SDPA's math decomposition's causal mask, transformers' causal and sliding-window
+    masks: engine.masks follows them on fake tensors as on meta), added again at every run
+    of the graph, forward or backward, as flex's ``RunTally`` adds a BlockMask's."""
+
+    __slots__ = ("found", "backward")
+
+    def __init__(self, found: list, backward: bool):
+        self.found = found  # (Tally, masked, skipped)
+        self.backward = backward
+
+    def __call__(self, args) -> None:
+        for tally, masked, skipped in self.found:
+            tally.add(masked, skipped)
+
+
+def _hold_tallies(records) -> list:
+    """Set the records' masked pairs aside (``_restore_tallies`` puts them back): what a
+    pricing run finds is then its own, read as ints without reading a device's counts."""
+    held = []
+    for rec in records:
+        if len(rec) > TALLY:
+            tally = rec[TALLY]
+            held.append((tally, tally.masked, tally.skipped))
+            tally.masked = tally.skipped = 0
+    return held
+
+
+def _tallied(records, before: Optional[dict] = None) -> dict:
+    """``{id(tally): (tally, masked, skipped)}`` of the records' masked pairs found so far,
+    less ``before``'s."""
+    found = {}
+    for rec in records:
+        if len(rec) > TALLY:
+            tally = rec[TALLY]
+            masked, skipped = tally.read()
+            was = (before or {}).get(id(tally))
+            if was is not None:
+                masked, skipped = masked - was[1], skipped - was[2]
+            if masked or skipped:
+                found[id(tally)] = (tally, masked, skipped)
+    return found
+
+
+def _restore_tallies(records, held: list) -> None:
+    for rec in records:
+        if len(rec) > TALLY:
+            rec[TALLY].reset()  # a tally the pricing run made starts at zero
+    for tally, masked, skipped in held:
+        tally.masked, tally.skipped = masked, skipped
+
+
+def _sinks(outs: list) -> list:
+    """The outputs no other output is computed from: the ones a backward starts from. A graph
+    that returns its loss with the logits and caches it was computed from (transformers with
+    ``labels``), or logits with the hidden states and key/value caches behind them, hands
+    autograd a gradient for the last only; a gradient given to every output would price an
+    ``add`` per element of each of the others, which eager never runs. Outputs are told apart
+    by autograd edge (node, output number): ``k`` and ``v`` split from one node are two."""
+    seen: set = set()
+    fed: set = set()
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for child, nr in node.next_functions:
+            if child is not None:
+                fed.add((child, nr))
+                stack.append(child)
+    return [o for o in outs if o.grad_fn is None or (o.grad_fn, o.output_nr) not in fed]
+
+
 def _sink_backward(tracker, first: int, last: int) -> None:
     """Backward ops of nodes numbered ``first`` to ``last - 1`` (made by a compiled graph's
     run: their work is in its backward counts) go to the sink."""
@@ -412,40 +543,48 @@ def _nodes_made(out, first: int, last: int) -> list:
     return nodes
 
 
-def _add_on_backward(nodes, mode, tracker, backward, tallies=(), args=()) -> None:
-    """Add ``backward`` to the records when autograd first runs one of ``nodes`` (while the
-    same counter still counts), and the backward flex calls' masked pairs (``tallies``,
-    from the forward's ``args``)."""
-    done: list[bool] = []
-
-    def hook(*_):
-        if not done and mode.tracker is tracker:
-            done.append(True)
-            for rec, n in backward:
-                rec[CALLS] += n
+def _add_backward(adds: list) -> None:
+    """Add a run's backward counts (``adds``: ``(mode, tracker, backward adds, tallies, forward
+    args)`` per counter that ran it), once: the list is emptied, so that the run's other
+    nodes, a retained graph's second backward, add nothing; only while the same counter
+    still counts."""
+    while adds:
+        mode, tracker, backward, tallies, args = adds.pop()
+        if mode.tracker is tracker:
+            backward.add()
             for tally in tallies:
                 tally(args)
+
+
+def _add_on_backward(nodes, adds: list) -> None:
+    """Add ``adds`` (see ``_add_backward``) when autograd first runs one of ``nodes``: for a
+    run that made no aot_autograd node, whose backward adds them itself."""
+    def hook(*_):
+        _add_backward(adds)
 
     for node in nodes:
         node.register_prehook(hook)
 
 
-_RUN_ATTR = "_dispatch_flops_run"  # on an aot_autograd node: (modes, timed) of its forward
+_RUN_ATTR = "_dispatch_flops_run"  # on an aot_autograd node: (modes, timed, adds) of its run
 
 
-def _run_backward_without(nodes, modes, timed) -> None:
+def _run_backward_without(nodes, modes, timed, adds) -> bool:
     """The compiled backward of these nodes runs with ``modes`` off the stack, as their
-    forward did (its counts are the graph's, added by ``_add_on_backward``), timed whole by
-    each timing counter that ran the forward. An aot_autograd node is a custom Function's
-    context: its class's ``backward`` is wrapped once (one class per compiled graph) to read
-    what its forward left on the node."""
+    forward did, timed whole by each timing counter that ran the forward, and adds the run's
+    backward counts (``adds``, see ``_add_backward``) as it starts. An aot_autograd node is a
+    custom Function's context: its class's ``backward`` is wrapped once (one class per
+    compiled graph) to read what its forward left on the node. Whether one was found."""
+    found = False
     for node in nodes:
         cls = getattr(node, "_forward_cls", None)
         if cls is None or not hasattr(cls, "compiled_bw"):
             continue  # not aot_autograd's: its ops go to the sink (_sink_backward)
         if not getattr(cls.backward, "_dispatch_flops", False):
             cls.backward = staticmethod(_backward_without(cls.backward))
-        setattr(node, _RUN_ATTR, (modes, timed))
+        setattr(node, _RUN_ATTR, (modes, timed, adds))
+        found = True
+    return found
 
 
 def _backward_without(backward):
@@ -453,10 +592,13 @@ def _backward_without(backward):
         run = getattr(ctx, _RUN_ATTR, None)
         if run is None:
             return backward(ctx, *grads)
-        modes, timed = run
-        timed = [(timer, times) for timer, times, tracker in timed
-                 if any(t is tracker for _, t in ACTIVE)]
-        marks = [timer.mark() for timer, _ in timed]
+        modes, timed, adds = run
+        if adds:
+            _add_backward(adds)
+        if timed:
+            timed = [(timer, times) for timer, times, tracker in timed
+                     if any(t is tracker for _, t in ACTIVE)]
+        marks = [timer.mark() for timer, _ in timed] if timed else timed
         try:
             with Without(modes):
                 return backward(ctx, *grads)
@@ -491,13 +633,6 @@ class GraphRuns:
         if times is None:
             times = self.times[frame.stack] = [0, 0, 0]
         return times
-
-
-def _graph_runs(tracker: ModuleTracker) -> GraphRuns:
-    runs = tracker.graph_runs
-    if runs is None:
-        runs = tracker.graph_runs = GraphRuns()
-    return runs
 
 
 def graph_facts(tracker: ModuleTracker) -> tuple[dict[tuple, tuple], tuple[str, ...]]:

@@ -9,7 +9,9 @@ into the record's ``Tally`` (``rec[TALLY]``). On a CUDA tensor the counts stay o
 (a tensor added to, never read per call: no host sync); they are read once, when the
 counter's results are captured (``Tally.read``). Fake and meta tensors have no values: their
 calls keep the formula's figures (docs/conventions.md, "Hardware and model flops"), except
-meta masks built from shapes alone, whose values are computed on the CPU (``_SHADOWS``).
+meta masks built from shapes alone, whose values are computed on the CPU (``_SHADOWS``); a call
+whose mask has no values is counted (``Tally.unvalued``), so the result can say its masked
+pairs were not subtracted (``RunFacts.unvalued_masks``).
 
 A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`` /
 ``masked_macs`` of the record grow by masked pairs x the rate; skipped pairs come off
@@ -25,6 +27,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from dispatch_flops.engine.torch_private import FakeTensor as _FAKE
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.formulas import ELEMENT_COSTS
 from dispatch_flops.formulas.attention import recomputed_rates
@@ -35,7 +38,7 @@ TALLY = 3  # a record's fourth slot, present on the records of ops that read mas
 class Tally:
     """A record's masked and skipped pairs, and what one pair costs (flops, MACs)."""
 
-    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate", "again")
+    __slots__ = ("masked", "skipped", "flops_rate", "macs_rate", "again", "unvalued")
 
     def __init__(self, flops_rate: int, macs_rate: int, again: tuple = (0, 0)):
         self.masked: object = 0  # an int, or a 0-d int64 tensor on the mask's device
@@ -45,6 +48,7 @@ class Tally:
         # (flops, MACs) a pair's backward recomputation, which the formula already counts
         # hardware-only for every pair (``recomputed_rates``): a skipped pair ran none of it
         self.again = again
+        self.unvalued = 0  # calls whose mask had no values (meta, fake): nothing subtracted
 
     def add(self, masked, skipped=0) -> None:
         self.masked = _plus(self.masked, masked)
@@ -57,6 +61,7 @@ class Tally:
 
     def reset(self) -> None:
         self.masked = self.skipped = 0
+        self.unvalued = 0
 
 
 def read_all(tallies: list) -> list[tuple[int, int]]:
@@ -174,9 +179,11 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
 
     def tally(rec, args, kwargs, out) -> None:
         mask = _read(args, kwargs, mask_at)
+        unvalued = False
         if mask is not None and not has_values(mask):
             mask = _SHADOWS.get(mask)  # a meta mask built from shapes
-        if mask is None:
+            unvalued = mask is None
+        if mask is None and not unvalued:
             return
         q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
         qs, ks, vs = q.shape, k.shape, v.shape
@@ -190,6 +197,9 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
             rec.append(Tally(*rates(qs, ks, vs, backward, True),
                              again=recomputed_rates(qs, True) if backward else (0, 0)))
             found = rec[TALLY]
+        if unvalued:
+            found.unvalued += 1
+            return
         causal = _read(args, kwargs, causal_at, False)
         with _disable_current_modes(), torch.no_grad():
             keeps = causal_keeps(qs[2], ks[-2], mask.device, causal == 2) if causal else None
@@ -317,6 +327,9 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
         return
     known = x if has_values(x) else _MASKING.get(x)
     if known is None:
+        if _UNVALUED.get(x) is not None:  # scores plus a mask nobody knows
+            _charge(rec, (ELEMENT_COSTS["softmax"], 0), 0)
+            rec[TALLY].unvalued += 1
         return
     with _disable_current_modes(), torch.no_grad():
         masked = (known <= MASKED_AT_MOST).sum()
@@ -388,6 +401,8 @@ class _Shadows:
 
 _SHADOWS = _Shadows()
 _MASKING = _Shadows()
+_UNVALUED = _Shadows()  # scores that a mask without values was added to
+_NO_VALUES = torch.empty(0)  # their entry (a strong reference to the scores would keep them)
 # elements (16 MB of float32): a larger mask is left without values, as any meta tensor, so
 # that counting a full-size model on meta stays fast and small (a 70 B model's 4,096-token
 # causal mask would be 16.7 M elements per layer)
@@ -403,17 +418,31 @@ _AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", 
                       "transpose", "permute", "slice", "select", "alias"))
 
 
+# a compiled graph's pricing run is on (engine.compiled): its fake tensors' masks built from
+# shapes are followed as on meta (a composite priced whole on fake tensors keeps the masked
+# share of the kernel its decomposition runs, docs/conventions.md: not followed there)
+FAKE_PRICING: list = []
+
+
+def _valueless(t: Tensor) -> bool:
+    """Whether ``t`` is a meta tensor, or a fake one of a compiled graph's pricing run: no
+    values, and masks built from shapes followed."""
+    return t.is_meta or bool(FAKE_PRICING) and isinstance(t, _FAKE)
+
+
 def _traced(t: Tensor) -> bool:
-    """Whether ``t``'s storage can be followed: a strided tensor with values, or on meta."""
-    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter)) and \
-        t.layout is torch.strided and (t.is_meta or has_values(t))
+    """Whether ``t``'s storage can be followed: a strided tensor with values, or without
+    values (meta, fake)."""
+    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter) or
+            bool(FAKE_PRICING) and isinstance(t, _FAKE)) and \
+        t.layout is torch.strided and (_valueless(t) or has_values(t))
 
 
 def _on_cpu(v, found: list):
     """``v`` with each meta tensor replaced by its shadow; ``found[0]`` False if one has none
     (and the meta tensors without one collected in ``found[1]``)."""
     if isinstance(v, Tensor):
-        if v.device.type != "meta":
+        if not _valueless(v):
             found[0] = found[0] and has_values(v) and v.device.type == "cpu"
             return v
         shadow = _SHADOWS.get(v)
@@ -430,7 +459,8 @@ def _on_cpu(v, found: list):
 
 def _shadow_tally(func, name: str) -> Callable:
     def tally(rec, args, kwargs, out) -> None:
-        if out.__class__ is not Tensor or not out.is_meta or \
+        if not isinstance(out, Tensor) or not (out.__class__ is Tensor and out.is_meta or
+                                               _valueless(out)) or \
                 name not in _AS_VIEW and out.numel() > SHADOW_MOST:
             return
         found: list = [True, []]
@@ -441,6 +471,8 @@ def _shadow_tally(func, name: str) -> Callable:
         if not found[0]:
             if name in ("add", "sub") and len(found[1]) == 1:
                 _masking(args, found[1][0], out)
+            elif name in ("add", "sub") and len(found[1]) == 2:
+                _unvalued_scores(out)
             return
         try:
             with _disable_current_modes(), torch.no_grad():
@@ -457,7 +489,7 @@ def _masking(args, unknown: Tensor, out: Tensor) -> None:
     """``out = unknown ± mask``: masked where the mask is (finite scores)."""
     for a in args[:2]:
         if isinstance(a, Tensor) and a is not unknown:
-            shadow = _SHADOWS.get(a) if a.device.type == "meta" else (
+            shadow = _SHADOWS.get(a) if _valueless(a) else (
                 a if has_values(a) else None)
             if shadow is not None and shadow.dtype.is_floating_point:
                 try:
@@ -465,6 +497,73 @@ def _masking(args, unknown: Tensor, out: Tensor) -> None:
                 except RuntimeError:
                     pass
             return
+
+
+def _unvalued_scores(out: Tensor) -> None:
+    """``out = scores ± mask``, neither with values, right after the contraction that made as
+    many scores: attention over a mask nobody knows (a user's meta padding mask). The softmax
+    that reads ``out`` counts the call as unvalued."""
+    scores = _EAGER.scores
+    if scores is not None and scores[1] == out.numel() and scores[2] == out.shape[-1]:
+        _UNVALUED.put(out, _NO_VALUES)
+
+
+# -- dropout, as the CPU decomposes it -------------------------------------------------------
+# ``noise = empty_like(x).bernoulli_(1 - p).div_(1 - p); x * noise`` (``F.dropout`` on the CPU,
+# SDPA's math decomposition), and in backward ``grad * noise`` (autograd saved the noise: the
+# same storage). Dropout is hardware work (docs/conventions.md): each of these ops' flops is
+# charged whole to the record's hardware-only share. The noise's storage is noted weakly, as
+# the masked probabilities are (``_PAIRED``), with its numel.
+_NOISE: dict = {}  # storage pointer -> (the storage's weakref, numel)
+
+
+def _noise_drawn(rec, args, kwargs, out) -> None:
+    noise = args[0]
+    if not _noisy(noise):
+        return
+    n = noise.numel()
+    _charge(rec, (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"], 0), n)
+    with _PAIRED_LOCK:
+        if len(_NOISE) >= _PAIRED_PURGE:
+            for ptr in [p for p, e in _NOISE.items() if e[0]() is None]:
+                del _NOISE[ptr]
+            while len(_NOISE) >= 4 * _PAIRED_PURGE:
+                del _NOISE[next(iter(_NOISE))]
+        storage = noise.untyped_storage()
+        _NOISE[storage._cdata] = (weakref.ref(storage), n)
+
+
+def _noisy(t) -> bool:
+    """A tensor whose storage can be followed: strided, values or not (a composite's
+    decomposition is counted on fake tensors: their storages are followed too)."""
+    # is_nested first: a jagged tensor answers ``layout`` through dispatch, where a mode below
+    # the counter would see a ``prim.layout`` the user never ran (is_nested is read in C)
+    return isinstance(t, Tensor) and not t.is_nested and t.layout is torch.strided
+
+
+def _is_noise(t) -> bool:
+    if not _noisy(t):
+        return False
+    found = _NOISE.get(_storage(t))
+    return found is not None and found[1] == t.numel() and found[0]() is not None
+
+
+def _noise_used(cost: str) -> Callable:
+    """``noise / (1 - p)``, ``x * noise``, ``grad * noise``: dropout's, hardware only."""
+    def tally(rec, args, kwargs, out) -> None:
+        if _NOISE and (_is_noise(args[0]) or len(args) > 1 and _is_noise(args[1])):
+            result = out[0] if isinstance(out, tuple) else out
+            _charge(rec, (ELEMENT_COSTS[cost], 0), result.numel())
+
+    return tally
+
+
+def _both(first: Callable, then: Callable) -> Callable:
+    def tally(rec, args, kwargs, out) -> None:
+        first(rec, args, kwargs, out)
+        then(rec, args, kwargs, out)
+
+    return tally
 
 
 def _tallies() -> tuple[dict, dict]:
@@ -500,7 +599,9 @@ def _tallies() -> tuple[dict, dict]:
     add("_softmax_backward_data", "default", _softmax_backward_tally)
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
-    add("mul", "Tensor", _follow_probs)
+    add("mul", "Tensor", _both(_follow_probs, _noise_used("mul")))
+    add("bernoulli_", "float", _noise_drawn)
+    add("div_", "Scalar", _noise_used("div"))
     for name in _SHADOWED:
         packet = getattr(aten, name, None)
         for overload in packet.overloads() if packet is not None else ():

@@ -42,6 +42,7 @@ from dispatch_flops.engine.dtensor import LogicalFigure
 from dispatch_flops.engine.dtensor import unwrapping as _unwrapping
 from dispatch_flops.engine.exotic import exotic_record
 from dispatch_flops.engine.ledger import RECOMPUTE_I, phase_of
+from dispatch_flops.engine.masks import FAKE_PRICING as _FAKE_PRICING
 from dispatch_flops.engine.masks import shadow_tally_of, tally_of
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import (
@@ -415,6 +416,10 @@ class CountingMode(TorchDispatchMode):
                     unit = dict(zip(PRICED, rec[SIGNATURE].unit(inner.resolved[op])))
                     for name in totals:
                         totals[name] += rec[CALLS] * unit[name]
+                    if len(rec) > 3:  # a tally's hardware-only share (dropout's noise)
+                        masked = rec[3].read()[0]  # over every call already
+                        totals["masked_flops"] += masked * rec[3].flops_rate
+                        totals["masked_macs"] += masked * rec[3].macs_rate
         except Exception:  # data-dependent, or a kernel meta cannot run: the formula prices
             return
         # the masked share too (an is_causal SDPA's): model flops as the kernel's own call has
@@ -541,7 +546,8 @@ class CountingMode(TorchDispatchMode):
                 rec = exotic_record(self, key, resolved, acc, args, kwargs, out)
         if resolved.tally is not None:  # a mask's values: see engine.masks
             resolved.tally(rec, args, kwargs, out)
-        if resolved.shadow is not None and out.__class__ is Tensor and out.is_meta:
+        if resolved.shadow is not None and (out.__class__ is Tensor and out.is_meta or
+                                            _FAKE_PRICING):  # masks built from shapes
             resolved.shadow(rec, args, kwargs, out)
         if runner is None:
             rec[0] += 1  # CALLS

@@ -291,7 +291,7 @@ class Captured:
     """A ledger's counts as they were when captured, with the layout that reads them: cheap
     to take (columns copied in C), summed into rows only when read (``rows``)."""
 
-    __slots__ = ("layout", "calls", "ns", "tallies")
+    __slots__ = ("layout", "calls", "ns", "tallies", "unvalued_masks")
 
     def __init__(self, ledger, resolutions: dict, timed: bool = True):
         records = ledger.records
@@ -306,6 +306,8 @@ class Captured:
         tallied = [(i, rec[TALLY]) for i, rec in enumerate(records) if len(rec) > TALLY]
         read = read_all([tally for _, tally in tallied]) if tallied else []
         self.tallies = {i: counts + (tally,) for (i, tally), counts in zip(tallied, read)}
+        # attention calls whose mask had no values (meta, fake): their pairs all kept
+        self.unvalued_masks = sum(tally.unvalued for _, tally in tallied)
 
     @property
     def errors(self) -> tuple:

@@ -170,6 +170,7 @@ TABLE: tuple[Private, ...] = (
     Private("torch.Tensor._values", NEEDED),
     Private("torch.Tensor._indices", NEEDED),
     Private("torch._subclasses.fake_tensor.FakeTensorMode", NEEDED),
+    Private("torch._subclasses.fake_tensor.FakeTensor", NEEDED),
     Private("torch.utils._pytree.tree_map_only", NEEDED),
     Private("torch.utils._pytree.tree_leaves", NEEDED),
     # autograd: backward ops to the module whose forward made their node
@@ -303,7 +304,7 @@ if TYPE_CHECKING:
     from torch._C._autograd import _push_saved_tensors_default_hooks as push_saved_tensors_hooks
     from torch._C._autograd import _top_saved_tensors_default_hooks as top_saved_tensors_hooks
     from torch._ops import OpOverload, OpOverloadPacket
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.autograd import _get_sequence_nr as get_sequence_nr
     from torch.distributed.distributed_c10d import _resolve_process_group as resolve_process_group
     from torch.nested._internal.nested_tensor import NestedTensor
@@ -329,6 +330,7 @@ else:
     push_saved_tensors_hooks = lookup("torch._C._autograd._push_saved_tensors_default_hooks")
     pop_saved_tensors_hooks = lookup("torch._C._autograd._pop_saved_tensors_default_hooks")
     FakeTensorMode = lookup("torch._subclasses.fake_tensor.FakeTensorMode")
+    FakeTensor = lookup("torch._subclasses.fake_tensor.FakeTensor")
     tree_map_only = lookup("torch.utils._pytree.tree_map_only")
     tree_leaves = lookup("torch.utils._pytree.tree_leaves")
     NestedTensor = lookup("torch.nested._internal.nested_tensor.NestedTensor")

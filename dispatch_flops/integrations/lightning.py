@@ -35,7 +35,8 @@ class FlopsCallback(Callback):
     step the timed steps since Lightning's last write (every ``log_every_n_steps``):
     ``model_flops``, ``hardware_flops`` (per step), ``step_s``, ``tokens_per_s`` (the
     batch's ``input_ids``, or its first integer tensor) and, on a device with a known peak (or
-    ``device=``), ``mfu`` = model_flops / (step_s × peak_flop_s), ``hfu`` and ``peak_flop_s``,
+    ``device=``), ``mfu_all_ops`` = model_flops / (step_s × peak_flop_s) (every op's flops at
+    one peak: not ``Profile.mfu()``), ``hfu_all_ops`` and ``peak_flop_s``,
     as float64 so that a logger reads them back exactly (a counted step logs the last figures
     again). A step runs from its first batch's
     start to the end of the batch that stepped the optimizer (every micro-batch, clipping, the

@@ -3,7 +3,7 @@ steps in the trainer's own logs (TensorBoard, W&B, CSV... whatever ``report_to``
 
 >>> from dispatch_flops.integrations.transformers import FlopsCallback
 >>> trainer = Trainer(model, args, train_dataset=data, callbacks=[FlopsCallback(every=100)])
->>> trainer.train()   # logs carry model_flops, hardware_flops, tokens_per_s, step_s (mfu, hfu)
+>>> trainer.train()   # logs: model_flops, hardware_flops, tokens_per_s, step_s, mfu_all_ops...
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ class FlopsCallback(TrainerCallback):
     since the previous log: ``model_flops`` and ``hardware_flops`` (per step, from the last
     counted step with the same input shapes), ``step_s`` (mean time of a timed step),
     ``tokens_per_s`` (``input_ids`` tokens / ``step_s``) and, on a device with a known peak
-    (or ``device=``), ``mfu`` = model_flops / (step_s × peak_flop_s), ``hfu`` likewise, and
-    ``peak_flop_s``. A step spans every micro-batch's forward and backward, clipping and the
-    optimizer. ``meter``: the ``ThroughputMeter`` (``meter.reading()``: the whole run);
-    ``profile``: the last counted step's ``Profile``.
+    (or ``device=``), ``mfu_all_ops`` = model_flops / (step_s × peak_flop_s) (every op's
+    flops at one peak: not ``Profile.mfu()``, 2 × model MACs at each op's dtype peak),
+    ``hfu_all_ops`` likewise, and ``peak_flop_s``. A step spans every micro-batch's forward
+    and backward, clipping and the optimizer. ``meter``: the ``ThroughputMeter``
+    (``meter.reading()``: the whole run); ``profile``: the last counted step's ``Profile``.
 
     It moves itself ahead of the reporting callbacks so that they log its values."""
 

@@ -39,6 +39,14 @@ def _sum(values: list, first) -> Any:
     return sum(values)
 
 
+def _minus(later, earlier) -> Any:
+    return later - earlier
+
+
+def _mean_up(value: int, n: int) -> int:  # a count of calls stays whole: any left over is one
+    return -(-value // n)
+
+
 def _least(values: list, first) -> Any:
     return min(values)
 
@@ -212,6 +220,7 @@ RUN_RULES: dict[str, Rule] = {
     "pipeline": Rule(_concatenated),
     "experts": Rule(_sum_experts),
     "kernels": COUNT,
+    "unvalued_masks": Rule(_sum, _mean_up, _minus),
 }
 RULES = {ModuleFacts: MODULE_RULES, RunFacts: RUN_RULES}
 

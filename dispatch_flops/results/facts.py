@@ -88,3 +88,6 @@ class RunFacts:
     # kernel timing (engine.kineto): what the join of the recorded blocks found, ints by
     # KERNEL_FACTS' names (empty otherwise); see ``ProfileViews.kernel_time``
     kernels: dict = field(default_factory=dict)
+    # attention calls whose mask had no values (a user's mask on meta or fake tensors): model
+    # flops keep every pair of theirs, the padding they would mask not subtracted
+    unvalued_masks: int = 0

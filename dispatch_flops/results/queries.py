@@ -282,7 +282,9 @@ class ProfileViews:
         an untimed run, an unknown device (pass ``device=DeviceSpec(...)``) or a dtype the
         device has no peak for; ``mfu_text`` says which instead of raising. A figure above 1
         (100 %) is impossible: it comes with a ``UtilisationWarning`` naming the likely
-        causes (a peak too low, a sparse datasheet figure, a wrong dtype)."""
+        causes (a peak too low, a sparse datasheet figure, a wrong dtype). Not the
+        ``ThroughputMeter``'s ``mfu_all_ops`` (every op's model flops at one peak over
+        uncounted steps: ``mfu(flops="all", dtype=its dtype)`` over the same time)."""
         return utilisation.checked_utilisation(self.to_profile(), "mfu", MODEL_PHASES, device,
                                                dtype, flops)
 
@@ -299,7 +301,8 @@ class ProfileViews:
         H100-SXM datasheet"`` (``"... of per-op dtype peaks (bf16 989.4, fp32 66.9 TFLOPS
         dense) ..."`` for mixed dtypes; ``"..., calibrated on cpu"`` against
         ``DeviceSpec.calibrate()``), or why there is none: ``"no MFU: unknown device 'cpu'
-        (...)"``. A figure above 100 % carries the reason it cannot be right."""
+        (...)"``; ``flops="all"`` says ``"MFU (all ops) ..."``. A figure above 100 % carries
+        the reason it cannot be right."""
         return present.presenter().utilisation_text(self.to_profile(), "mfu", MODEL_PHASES,
                                                     device, dtype, flops)
 

@@ -94,6 +94,7 @@ def to_dict(profile: Profile) -> dict:
         "rank": run.rank,
         "world_size": run.world_size,
         "pricing_errors": list(run.pricing_errors),
+        "unvalued_masks": run.unvalued_masks,
         "dtensor_ops": [{"overload": o, "shapes": [list(s) for s in shapes], "calls": c,
                          "flops": f, "macs": m} for o, shapes, c, f, m in run.dtensor_ops],
         "attention_calls": [dict(zip(_ATTENTION_FIELDS, (list(c[0]),) + tuple(c[1:])))
@@ -446,6 +447,7 @@ _RUN = validate.obj({
     "rank": (validate.optional(validate.count), False),
     "world_size": (validate.optional(validate.positive), False),
     "pricing_errors": (validate.names, False),
+    "unvalued_masks": (validate.count, False),
     "dtensor_ops": (validate.list_of(_DTENSOR_OP, "DTensor ops"), False),
     "attention_calls": (validate.list_of(_ATTENTION_CALL, "attention calls"), False),
     "parameters": (validate.list_of(_PARAMETER_GROUP, "parameter groups"), False),

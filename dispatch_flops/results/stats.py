@@ -106,7 +106,7 @@ class Stats:
     bytes_written: int = 0
     comm_bytes: int = 0
     comm_alg_bytes: int = 0
-    masked_flops: int = 0  # of ``flops``: masked attention pairs, kernels' recompute
+    masked_flops: int = 0  # of ``flops``: masked attention pairs, kernels' recompute, dropout
     masked_macs: int = 0  # of ``macs``: likewise
     latency_s: Optional[float] = None
 

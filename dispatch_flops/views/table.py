@@ -441,11 +441,17 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
         passes = "forward + backward" if by_phase[BACKWARD].calls else "forward"
         lines.append(f"Model flops ({passes}): {human(counter.model_flops())}, "
                      f"hardware flops (all executed): {human(counter.hardware_flops())}")
-    if counter.total.masked_flops:
-        # the hardware-only share: masked pairs, and a fused backward's recomputed q·kᵀ
+    # the hardware-only share: dropout's (its ops' masked share: no mask tally charges them),
+    # then masked pairs and a fused backward's recomputed q·kᵀ
+    dropout = sum(stats.masked_flops for op, stats in counter.by_operator().items()
+                  if op in DROPOUT_OPS)
+    if counter.total.masked_flops - dropout:
         lines.append(f"Masked + recomputed attention work: "
-                     f"{human(counter.total.masked_flops)} flops (FLOPs count them; model flops "
-                     "and MFU do not)")
+                     f"{human(counter.total.masked_flops - dropout)} flops (FLOPs count them; "
+                     "model flops and MFU do not)")
+    if dropout:
+        lines.append(f"Dropout (random mask, scale): {human(dropout)} flops (hardware work: "
+                     "model flops leave it out, as in eval())")
     if OTHER in shown:
         lines.append("Other: ops run while none of the model's modules ran (a loss after the "
                      "model, gradient clipping) and their backward")
@@ -487,7 +493,19 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
         lines.append("Unsupported ops: none")
     for error in counter.run.pricing_errors:
         lines.append(f"Formula failed (its calls reported unsupported): {error}")
+    unvalued = counter.run.unvalued_masks
+    if unvalued:
+        lines.append(f"Model flops keep every pair of {unvalued} attention call"
+                     f"{'s' if unvalued != 1 else ''} whose mask has no values (meta or fake "
+                     "tensors): padding not subtracted (docs/meta.md)")
     return lines
+
+
+# the operators whose hardware-only share is dropout's (formulas/random.py; engine.masks' noise)
+DROPOUT_OPS = frozenset(f"aten.{name}" for name in (
+    "bernoulli_", "div_", "mul", "native_dropout", "native_dropout_backward", "_fused_dropout",
+    "_masked_scale", "dropout", "dropout_", "feature_dropout", "feature_dropout_",
+    "alpha_dropout", "alpha_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_"))
 
 
 def _listed(ops: dict) -> str:

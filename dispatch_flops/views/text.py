@@ -182,7 +182,8 @@ def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
         value, peaks = utilisation.utilisation(profile, what, phases, device, dtype, flops)
     except ValueError as e:
         return f"no {what.upper()}: {e}"
-    text = f"{what.upper()} {100 * value:.1f} % of {peaks}"
+    label = what.upper() + (" (all ops)" if flops == "all" else "")
+    text = f"{label} {100 * value:.1f} % of {peaks}"
     if value > 1:
         spec = utilisation.device_of(profile, device)
         text += f" -- {utilisation.over_one(value, spec, dtype is not None)}"
@@ -398,6 +399,11 @@ def _flops(n: float) -> str:
     return f"{n:.4g} FLOP"
 
 
+# why a meter's MFU and a Profile's differ, said wherever the meter's is printed
+ALL_OPS_VS_MFU = ("every op's model flops at one peak; Profile.mfu() counts 2 x model MACs, each "
+                  "op at its dtype's peak")
+
+
 @_escaped
 def throughput_text(reading: ThroughputReading) -> str:
     """One line: timed steps, s/step, tokens/s, model and hardware flops per step, MFU / HFU
@@ -408,9 +414,10 @@ def throughput_text(reading: ThroughputReading) -> str:
     text = (f"{r.steps} timed steps: {r.step_s:.4g} s/step, {tokens}"
             f"model {_flops(r.model_flops)}/step, "
             f"hardware {_flops(r.hardware_flops)}/step")
-    mfu, hfu = r.mfu, r.hfu
+    mfu, hfu = r.mfu_all_ops, r.hfu_all_ops
     if mfu is not None and hfu is not None:
-        text += f", MFU {100 * mfu:.3g} % / HFU {100 * hfu:.3g} % of {r.peak}"
+        text += (f", MFU (all ops, one peak) {100 * mfu:.3g} % / HFU {100 * hfu:.3g} % of "
+                 f"{r.peak} ({ALL_OPS_VS_MFU})")
     else:
         text += (", no MFU (no peak: pass device=DeviceSpec.cpu(flop_s, bytes_s), "
                  "DeviceSpec.calibrate() or DeviceSpec(...))")

@@ -20,10 +20,15 @@ flops are the counted step's forward + backward flops, every op's arithmetic
 recomputation, gradient clipping and the optimizer included (``Profile.hardware_flops()``).
 The denominator is one declared peak: the device's dense peak for one dtype, so that
 
-    mfu = model_flops / (step_s * peak_flop_s)      hfu = hardware_flops / (step_s * peak_flop_s)
+    mfu_all_ops = model_flops / (step_s * peak_flop_s)
+    hfu_all_ops = hardware_flops / (step_s * peak_flop_s)
 
-hold exactly for the figures the meter reports (and the callbacks log). docs/training.md has
-the whole story.
+hold exactly for the figures the meter reports (and the callbacks log). They are named apart
+from ``Profile.mfu()`` / ``hfu()``, the field's MFU: 2 x model MACs (contractions only), each op
+at the peak of its own dtype. Both are right; they answer different questions (how busy every
+op's arithmetic kept one peak, checkable by hand from a log line; how busy the contractions
+kept the tensor cores), and on one H200 run read 17.9 % and 17.1 %. The old names ``mfu`` /
+``hfu`` remain on the readings as deprecated aliases. docs/training.md has the whole story.
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ from dispatch_flops.results.roofline import DeviceSpec, DTypeLike, device_spec
 from dispatch_flops.results.stats import check_int
 from dispatch_flops.views.text import throughput_text
 
-METRICS = ("model_flops", "hardware_flops", "tokens_per_s", "step_s", "mfu", "hfu",
-           "peak_flop_s")
+METRICS = ("model_flops", "hardware_flops", "tokens_per_s", "step_s", "mfu_all_ops",
+           "hfu_all_ops", "peak_flop_s")
+# the readings' old names: deprecated aliases (a DeprecationWarning names the new one)
+RENAMED = {"mfu": "mfu_all_ops", "hfu": "hfu_all_ops"}
 _PRICES_KEPT = 256  # input signatures whose flops are kept (the least recently used go)
 _HISTORY_KEPT = 4096  # timed steps kept in ``history`` (the totals count every one)
 # frames of these packages are skipped to point a warning at the user's own call
@@ -58,14 +65,14 @@ _LIBRARIES = ("dispatch_flops", "transformers", "lightning", "pytorch_lightning"
 
 
 def step_model_flops(profile: Profile) -> int:
-    """MFU's numerator for one counted step: forward + backward flops, every op's arithmetic.
-    The one place that says what "model flops" are for the meter and the callbacks."""
+    """``mfu_all_ops``' numerator for one counted step: forward + backward flops, every op's
+    arithmetic. The one place that says what "model flops" are for the meter and the callbacks."""
     return profile.model_flops()
 
 
 def step_hardware_flops(profile: Profile) -> int:
-    """HFU's numerator for one counted step: every flop executed (recompute, clipping and the
-    optimizer too). The one place that says what "hardware flops" are."""
+    """``hfu_all_ops``' numerator for one counted step: every flop executed (recompute,
+    clipping and the optimizer too). The one place that says what "hardware flops" are."""
     return profile.hardware_flops()
 
 
@@ -138,8 +145,9 @@ def _first_tokens(values) -> int:
 
 
 class _Rates:
-    """tokens/s, MFU and HFU from a step time, its tokens and flops, and one peak: the same
-    arithmetic for one step (``StepTiming``) and for their means (``ThroughputReading``)."""
+    """tokens/s, all-ops MFU and HFU from a step time, its tokens and flops, and one peak: the
+    same arithmetic for one step (``StepTiming``) and for their means (``ThroughputReading``).
+    """
 
     step_s: float
     tokens: float
@@ -152,20 +160,42 @@ class _Rates:
         return self.tokens / self.step_s
 
     @property
-    def mfu(self) -> Optional[float]:
+    def mfu_all_ops(self) -> Optional[float]:
+        """Every op's model flops at one peak: ``model_flops / (step_s * peak_flop_s)``; not
+        ``Profile.mfu()`` (2 x model MACs, each op at its dtype's peak)."""
         return None if self.peak_flop_s is None else \
             self.model_flops / (self.step_s * self.peak_flop_s)
 
     @property
-    def hfu(self) -> Optional[float]:
+    def hfu_all_ops(self) -> Optional[float]:
+        """Every flop executed at one peak: ``hardware_flops / (step_s * peak_flop_s)``."""
         return None if self.peak_flop_s is None else \
             self.hardware_flops / (self.step_s * self.peak_flop_s)
+
+    @property
+    def mfu(self) -> Optional[float]:
+        """Deprecated: ``mfu_all_ops`` (named apart from ``Profile.mfu()``)."""
+        _renamed("mfu")
+        return self.mfu_all_ops
+
+    @property
+    def hfu(self) -> Optional[float]:
+        """Deprecated: ``hfu_all_ops`` (named apart from ``Profile.hfu()``)."""
+        _renamed("hfu")
+        return self.hfu_all_ops
+
+
+def _renamed(old: str) -> None:
+    warnings.warn(f"ThroughputReading.{old} / StepTiming.{old} is now {RENAMED[old]}: every "
+                  f"op's flops at one peak, named apart from Profile.{old}() (2 x model MACs at "
+                  f"each op's dtype peak); the logged key is {RENAMED[old]!r} too",
+                  DeprecationWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
 class StepTiming(_Rates):
     """One timed (uncounted) step: its time and the flops of the last counted step with its
-    input signature. ``mfu`` / ``hfu`` are ``None`` without a peak."""
+    input signature. ``mfu_all_ops`` / ``hfu_all_ops`` are ``None`` without a peak."""
 
     index: int  # the step's number, from 0 (warm-up steps included)
     step_s: float
@@ -180,14 +210,14 @@ class StepTiming(_Rates):
 class ThroughputReading(_Rates):
     """Timed steps summed up: means per step (``step_s``, ``model_flops``,
     ``hardware_flops``, ``tokens``), and from those very figures ``tokens_per_s = tokens /
-    step_s``, ``mfu = model_flops / (step_s * peak_flop_s)`` and ``hfu`` likewise, so a log
-    line can be checked by hand. ``peak``: the peak in words (``None``, with ``mfu`` and
-    ``hfu``, when there is none). ``counted_steps``: steps counted in the same stretch (their
-    time is in no figure); ``unpriced_steps``: timed steps whose input signature was never
-    counted (left out: no flops for them).
+    step_s``, ``mfu_all_ops = model_flops / (step_s * peak_flop_s)`` and ``hfu_all_ops``
+    likewise, so a log line can be checked by hand. ``peak``: the peak in words (``None``,
+    with ``mfu_all_ops`` and ``hfu_all_ops``, when there is none). ``counted_steps``: steps
+    counted in the same stretch (their time is in no figure); ``unpriced_steps``: timed
+    steps whose input signature was never counted (left out: no flops for them).
 
     >>> reading = meter.reading()
-    >>> print(reading)   # 12 timed steps: 0.0213 s/step, 9,612 tokens/s, ..., MFU 41.3 % ...
+    >>> print(reading)   # 12 timed steps: 0.0213 s/step, ..., MFU (all ops, one peak) 41.3 % ...
     """
 
     steps: int
@@ -203,15 +233,16 @@ class ThroughputReading(_Rates):
 
     def metrics(self) -> dict[str, float]:
         """What a callback logs: ``model_flops``, ``hardware_flops``, ``tokens_per_s``,
-        ``step_s`` and, with a peak, ``mfu``, ``hfu`` and ``peak_flop_s`` (plain floats);
+        ``step_s`` and, with a peak, ``mfu_all_ops``, ``hfu_all_ops`` and ``peak_flop_s``
+        (plain floats);
         ``tokens_per_s`` left out when the steps had no token ids (pass ``tokens=``)."""
         out = {"model_flops": float(self.model_flops),
                "hardware_flops": float(self.hardware_flops), "step_s": self.step_s}
         if self.tokens:  # no token ids (float inputs, tokens= not given): no figure, not 0.0
             out["tokens_per_s"] = self.tokens_per_s
-        mfu, hfu = self.mfu, self.hfu
+        mfu, hfu = self.mfu_all_ops, self.hfu_all_ops
         if self.peak_flop_s is not None and mfu is not None and hfu is not None:
-            out.update(mfu=mfu, hfu=hfu, peak_flop_s=self.peak_flop_s)
+            out.update(mfu_all_ops=mfu, hfu_all_ops=hfu, peak_flop_s=self.peak_flop_s)
         return out
 
     def __str__(self) -> str:
@@ -242,7 +273,9 @@ class _Totals:
 
 class ThroughputMeter:
     """Times training steps without counting them, and reports tokens/s, model and hardware
-    flops per step, MFU and HFU from those uncounted steps. A step is counted (a
+    flops per step, all-ops MFU and HFU (``mfu_all_ops``: every op's model flops at one
+    peak, not ``Profile.mfu()``'s 2 x MACs at each dtype's) from those uncounted steps. A
+    step is counted (a
     ``FlopCounter(model)`` around it, its time left out of every figure) when it is the first
     after ``warmup`` untouched ones, every ``every``-th step from there, and whenever its input
     signature (shapes and dtypes of its batch) has not been counted yet; every other step is
@@ -521,12 +554,13 @@ class ThroughputMeter:
             try:
                 spec = device_spec()
             except ValueError as e:  # a GPU without a built-in spec
-                self._warn("no-peak", f"no mfu / hfu: {e}")
+                self._warn("no-peak", f"no mfu_all_ops / hfu_all_ops: {e}")
                 return
         if spec is None:
-            self._warn("no-peak", "no mfu / hfu: no peak for this device (a CPU, or a GPU "
-                       "without a built-in spec); pass device=DeviceSpec.cpu(flop_s, bytes_s) "
-                       "with your CPU's figures, device=DeviceSpec.calibrate() to measure them, "
+            self._warn("no-peak", "no mfu_all_ops / hfu_all_ops: no peak for this device (a "
+                       "CPU, or a GPU without a built-in spec); pass "
+                       "device=DeviceSpec.cpu(flop_s, bytes_s) with your CPU's figures, "
+                       "device=DeviceSpec.calibrate() to measure them, "
                        "or device=DeviceSpec(name, {'bfloat16': flop_s}, bytes_s)")
             return
         dtype = self.dtype if self.dtype is not None else _main_dtype(profile, spec)
@@ -534,7 +568,8 @@ class ThroughputMeter:
             self._set_peak(spec, dtype)
         except ValueError as e:
             self.peak_flop_s = self.peak = None
-            self._warn("no-peak", f"no mfu / hfu: {e}; pass dtype=... (a dtype it has)")
+            self._warn("no-peak", f"no mfu_all_ops / hfu_all_ops: {e}; pass dtype=... (a "
+                       "dtype it has)")
 
     # -- clocks ----------------------------------------------------------------------------
     def _cuda_device(self) -> Optional[torch.device]:
@@ -604,8 +639,9 @@ class ThroughputMeter:
             model_flops=totals.model_flops / n, hardware_flops=totals.hardware_flops / n,
             peak_flop_s=self.peak_flop_s, peak=self.peak, counted_steps=totals.counted,
             unpriced_steps=totals.unpriced)
-        if reading.mfu is not None and reading.mfu > 1:
-            self._warn("above-1", f"mfu {reading.mfu:.3g} is above 100 % of {self.peak}: the "
+        mfu = reading.mfu_all_ops
+        if mfu is not None and mfu > 1:
+            self._warn("above-1", f"mfu_all_ops {mfu:.3g} is above 100 % of {self.peak}: the "
                        "peak is too low for what ran (a figure for another dtype, a measured "
                        "peak below what the device reaches, a clock-throttled datasheet "
                        "figure), or the step's flops include work it did not time")
