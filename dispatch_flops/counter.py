@@ -27,6 +27,7 @@ from dispatch_flops.engine.kineto import KERNELS, TIMINGS, EstimatingTimer, Kern
 from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
+from dispatch_flops.engine.model_cache import holds_dtensor
 from dispatch_flops.engine.records import Captured, engine_cache
 from dispatch_flops.engine.saved import SavedActivations
 from dispatch_flops.engine.state import CountingState
@@ -171,11 +172,14 @@ class FlopCounter(ProfileViews):
             tracker = parts.tracker = ModuleTracker(
                 self.model, mode, state, timer, ledger is not None, guard, self._every_module)
             mode.bind(tracker, state)
-            mode.follow_local_tensors(self.model)
             tracker.attach()
+            facts = tracker.model_facts
+            if facts is not None:
+                modules = tracker.modules()
+                mode.follow_local_tensors(facts.get("dtensor", lambda: holds_dtensor(modules)))
             # MoE layers' expert load (hooks on recognised expert modules only)
-            layers = _experts.expert_layers(tracker.module_names(), tracker.modules()) \
-                if self.model is not None else []
+            layers = facts.get("experts", lambda: _experts.expert_layers(
+                tracker.module_names(), modules)) if facts is not None else []
             if layers:
                 parts.experts = ExpertLoad(layers)
                 parts.experts.attach()

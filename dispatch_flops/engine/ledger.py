@@ -128,7 +128,7 @@ class Ledger:
 
     # weakly referable: a compiled graph keeps what it priced in a ledger for as long as the
     # ledger lives (``compiled.Graph.priced``)
-    __slots__ = ("root", "frames", "records", "busy", "home", "layout", "params", "last",
+    __slots__ = ("root", "frames", "records", "busy", "home", "layout", "last",
                  "holder", "_outside", "__weakref__")
 
     def __init__(self):
@@ -137,7 +137,6 @@ class Ledger:
         self.busy = False
         self.home: Optional[tuple] = None  # (ledgers, key) where shared_ledger keeps it
         self.layout = None  # _records.Layout of its records, rebuilt when records are added
-        self.params: Optional[tuple] = None  # (modules, types, params): facts.types_and_params
         self.last = None  # the last Profile harvested: the next may share its views
         self.root = Frame(ROOT, None, self.frames)
         # the counts here are a finished counter's: a weak method that copies them into it

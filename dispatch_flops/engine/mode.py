@@ -272,13 +272,12 @@ class CountingMode(TorchDispatchMode):
             figure = self.dtensor = LogicalFigure(self)
         return figure
 
-    def follow_local_tensors(self, model) -> None:
-        """Follow plain-tensor ops into the logical figure from the first op on, when
-        ``model`` holds DTensor parameters (tensor parallelism, FSDP2): otherwise from the
-        first DTensor met (``LogicalFigure.run_sharding_propagation_uncounted``)."""
-        tensor = sys.modules.get("torch.distributed.tensor")
-        if tensor is not None and model is not None and any(
-                isinstance(p, tensor.DTensor) for p in model.parameters()):
+    def follow_local_tensors(self, holds_dtensor: bool) -> None:
+        """Follow plain-tensor ops into the logical figure from the first op on, when the
+        model holds DTensor parameters (tensor parallelism, FSDP2: ``holds_dtensor``):
+        otherwise from the first DTensor met
+        (``LogicalFigure.run_sharding_propagation_uncounted``)."""
+        if holds_dtensor:
             self.dtensor_figure().run_sharding_propagation_uncounted()
 
     def logical_ops(self, skipping_causal: bool = False) -> tuple:

@@ -10,7 +10,7 @@ modules that ``RunFacts`` keeps (attention calls, parameter groups).
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from torch import nn
 
@@ -32,22 +32,19 @@ def names(tracker: ModuleTracker) -> tuple[str, ...]:
 
 def types_and_params(tracker: ModuleTracker) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Each module's class name and parameters (``sum(p.numel() for p in
-    module.parameters())``), in ``names()`` order; kept with the ledger while the model's
-    modules stay the same."""
+    module.parameters())``), in ``names()`` order; kept with the model's facts while its
+    modules and parameters stay the same (``engine.model_cache``)."""
     modules = tracker.modules()
     if not modules:
         return ("",), (0,)
     if tracker.every_module:  # the root: everything, no module of its own
         types = ("",) + tuple(type(m).__name__ for m in modules)
         return types, (0,) + tuple(sum(p.numel() for p in m.parameters()) for m in modules)
-    ids = tuple(map(id, modules))
-    ledger = tracker.ledger
-    cached = ledger.params
-    if cached is None or cached[0] != ids:
-        types = tuple(type(m).__name__ for m in modules)
-        counts = tuple(sum(p.numel() for p in m.parameters()) for m in modules)
-        cached = ledger.params = (ids, types, counts)
-    return cached[1], cached[2]
+    facts = tracker.model_facts
+    assert facts is not None, "a tracker with a model walked it on entry"
+    return facts.get("types_and_params", lambda: (
+        tuple(type(m).__name__ for m in modules),
+        tuple(sum(p.numel() for p in m.parameters()) for m in modules)))
 
 
 def first_parameter(tracker: ModuleTracker) -> Optional[nn.Parameter]:
@@ -239,7 +236,22 @@ def parameter_groups(tracker: ModuleTracker, resolutions: dict) -> tuple:
     ``hidden`` (the largest embedding's shape)."""
     if tracker.model is None:
         return ()
-    modules, names = tracker.modules(), tracker.module_names()
+    routers: dict[str, tuple] = {}
+    names = tracker.module_names()
+    for rec, (name, experts, k) in _watched(tracker.ledger, resolutions).topk:
+        if rec[CALLS] and name in names:
+            routers[name] = (experts, k)
+    if not routers:  # the groups depend on the model alone: kept with its facts
+        facts = tracker.model_facts
+        assert facts is not None, "a tracker with a model walked it on entry"
+        return facts.get("parameter_groups", lambda: _groups(tracker.modules(), names, {}))
+    return _groups(tracker.modules(), names, routers)
+
+
+def _groups(modules: Sequence[nn.Module], names: tuple[str, ...],
+            routers: dict[str, tuple]) -> tuple:
+    """``parameter_groups`` of ``modules`` named ``names``, with the routers that ran
+    (``{name: (experts, k)}``)."""
     by_name = dict(zip(names, modules))
     params = {id(p): p for m in modules for p in m._parameters.values() if p is not None}
     embeddings = [m for m in modules if isinstance(m, nn.Embedding)]
@@ -258,10 +270,6 @@ def parameter_groups(tracker: ModuleTracker, resolutions: dict) -> tuple:
             if found:
                 head, tied = found[0], int(found[0] is token.weight)
                 break
-    routers: dict[str, tuple] = {}
-    for rec, (name, experts, k) in _watched(tracker.ledger, resolutions).topk:
-        if rec[CALLS] and name in by_name:
-            routers[name] = (experts, k)
     in_routers: set = set()
     active: dict[int, tuple] = {}  # id(expert parameter) -> (k, E)
     # experts are the MoE layers expert load recognises (a ModuleList named ``experts``, a

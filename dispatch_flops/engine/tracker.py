@@ -41,6 +41,7 @@ from dispatch_flops.engine.ledger import (  # noqa: F401  (Frame, Ledger: their 
     ledger_for,
     phase_of,
 )
+from dispatch_flops.engine.model_cache import ModelFacts, facts_of
 from dispatch_flops.engine.skip import SKIP_FRAMES
 from dispatch_flops.engine.steps import CLOSURE, OptimizerSteps, running, suspendable
 from dispatch_flops.engine.timing import Timer
@@ -193,6 +194,9 @@ class ModuleTracker(OptimizerSteps):
         self._name_of: dict[int, str] = {}
         self._names: tuple[str, ...] = ()  # the model's module names, in _modules order
         self._param_owner: Optional[dict[int, str]] = None
+        # what is known of the model as walked on entry, kept from counter to counter while
+        # its modules and parameters stay the same (engine.model_cache); None without a model
+        self.model_facts: Optional[ModelFacts] = None
         self._accumulation_frames: dict[int, Frame] = {}
         self._first_frames: dict[str, Frame] = {}  # each module's first frame
         self._handles: list[RemovableHandle] = []
@@ -236,6 +240,7 @@ class ModuleTracker(OptimizerSteps):
                 return
             if self.model is not None:
                 self._name_of, self._modules, self._names = walk_modules(self.model)
+                self.model_facts = facts_of(self.model, self._modules, self._names)
             self._handles.append(register_module_forward_pre_hook(self._push))
             self._handles.append(register_module_forward_hook(self._pop, always_call=True))
         except BaseException:
