@@ -110,3 +110,54 @@ def test_a_dense_incoming_gradient_is_the_named_bytes_difference():
         {k: v for k, v in eager.items() if k != "bytes_read"}
     logits = 4 * 10
     assert eager["bytes_read"] - compiled["bytes_read"] == 2 * (logits - 1) * 4
+
+
+class Padded(nn.Module):
+    """Attention over a padding mask passed in as a (batch, keys) 0/1 tensor, made into the
+    SDPA mask inside the graph, as transformers does: boolean, or additive (the dtype's
+    lowest value where padded), or additive under attention dropout (SDPA's math
+    decomposition: the softmax of scores plus the mask)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        b, s, _ = x.shape
+        q = self.proj(x).view(b, s, 2, 4).transpose(1, 2)
+        keep = mask.to(torch.bool)[:, None, None, :].expand(b, 1, s, s)
+        if self.kind == "bool":
+            attn_mask = keep
+        else:
+            attn_mask = torch.zeros(b, 1, s, s).masked_fill(~keep, torch.finfo(x.dtype).min)
+        p = 0.5 if self.kind == "dropout" else 0.0
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=attn_mask, dropout_p=p)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive", "dropout"])
+def test_a_padding_mask_passed_in_is_read_at_each_run(kind):
+    """The mask is a graph input: priced on fake tensors, its masked pairs are counted at
+    each run from the run's real mask, forward and backward: another mask of the same shape,
+    and the same mask changed in place, count as eager counts them."""
+    torch.manual_seed(0)
+    model = Padded(kind)
+    compiled = torch.compile(model)
+    x = torch.randn(2, 6, 8)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+
+    def step(call, mask):
+        with FlopCounter(model) as fc:
+            call(x, mask).sum().backward()
+        model.zero_grad(set_to_none=True)
+        return figures(fc)
+
+    for _ in range(2):  # the second: a mask with more padding, then the same one in place
+        eager = step(model, mask)
+        assert eager["model_macs"] < eager["macs"]  # masked pairs found
+        assert step(compiled, mask) == eager
+        mask = mask.clone()
+        mask[0, 3:] = 0
+    mask[1, 1:] = 0  # in place: its version moved, its pairs counted again
+    assert step(compiled, mask) == step(model, mask)

@@ -149,10 +149,10 @@ compiled_only = pytest.mark.skipif(not has_ignore_compile_internals(),
 @pytest.mark.parametrize("name", MODELS)
 def test_compiled_forward(name):
     """Compiled by inductor, forward under no_grad: causal models (their masks built from
-    shapes) count as eager, every figure. A padding mask is a graph input's values, which
-    the pricing run on fake tensors cannot read: its pairs count unmasked (model MACs = the
-    hardware MACs), and transformers skips its data-dependent all-ones check of the mask
-    under compile (an ``eq`` over the mask's ``b·s``, per mask)."""
+    shapes) count as eager, every figure. A padding mask is a graph input: its masked pairs
+    are counted at each run from the real mask (model MACs as eager's); transformers skips
+    its data-dependent all-ones check of the mask under compile (an ``eq`` over the mask's
+    ``b·s``, per mask), the one difference."""
     model, kwargs = build(name), inputs(name)
     eager = count(model, kwargs, during=torch.no_grad)
     compiled = count(model, kwargs, during=torch.no_grad, call=torch.compile(model))
@@ -160,9 +160,51 @@ def test_compiled_forward(name):
         assert compiled == eager
     else:
         masks = 1 if name == "bert" else 2  # T5: the encoder's and the decoder's
-        assert compiled[3] == eager[3] and compiled[1] == eager[3]
+        assert eager[1] < eager[3]  # masked pairs found
+        assert compiled[1] == eager[1] and compiled[3] == eager[3]
+        assert compiled[0] == eager[0] - masks * B * S
         assert compiled[2] == eager[2] - masks * B * S
-        assert compiled[0] == compiled[2]
+
+
+def padded(name: str) -> dict:
+    """``inputs`` with a padding mask for every model: the second sequence after 8 tokens."""
+    kwargs = inputs(name)
+    mask = torch.ones(B, S, dtype=torch.long)
+    mask[1, 8:] = 0
+    kwargs["attention_mask"] = mask
+    return kwargs
+
+
+@compiled_only
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_compiled_padded_training_steps(name, train):
+    """Every model with a padding mask passed in, compiled, two forward and backward steps:
+    in eval() (BERT: the CPU flash kernel, forward and backward; T5: SDPA's math
+    decomposition, its position bias requiring grad) and in train() (dropout: the math
+    decomposition): model MACs equal eager's, the mask's pairs counted at each run, forward
+    and backward. Model flops and hardware flops differ only by transformers' data-dependent
+    checks of the mask, which compiled code skips: an ``eq`` over its ``b·s`` per mask (BERT,
+    T5's two), or the causal models' check that it is all ones (a sum over ``b·s``, 2 flops
+    an element, and an ``eq`` per sequence)."""
+    model, kwargs = build(name), padded(name)
+    compiled_model = torch.compile(model)
+
+    def two(call):
+        model.train(train)
+        with FlopCounter(model) as fc:
+            for _ in range(2):
+                call(**kwargs).loss.backward()
+        model.zero_grad(set_to_none=True)
+        t = fc.total
+        return t.model_flops, t.model_macs, t.flops, t.macs
+
+    eager = two(model)
+    compiled = two(compiled_model)
+    assert eager[1] < eager[3]  # masked pairs found
+    skipped = {"bert": B * S, "t5": 2 * B * S}.get(name, 2 * B * S + B)
+    assert compiled[1] == eager[1] and compiled[3] == eager[3]
+    assert eager[0] - compiled[0] == eager[2] - compiled[2] == 2 * skipped
 
 
 @compiled_only

@@ -337,6 +337,7 @@ class Graph:
                                if isinstance(o, Tensor) and o.requires_grad])
                 inputs = [a for a in fake if isinstance(a, Tensor) and a.requires_grad]
                 if outs and inputs:
+                    pricing.backward = True
                     with _disable_current_modes():
                         # as a loss reduced outside the graph hands it: one value, expanded
                         grads = [torch.ones((), dtype=o.dtype, device=o.device).expand(o.shape)

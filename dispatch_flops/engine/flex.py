@@ -124,7 +124,8 @@ class Pricing:
     def __init__(self, inputs: dict, block_sparse: bool):
         self.inputs = inputs  # id(fake input) -> its position among the graph's inputs
         self.block_sparse = block_sparse
-        self.tallies: list[RunTally] = []
+        self.tallies: list = []  # RunTally, and engine.masks' per-run tallies
+        self.backward = False  # the pricing run is in the graph's backward
 
     def note(self, rec, backward: bool, shapes: tuple, block_mask: tuple, buffers: tuple):
         """A flex call met while pricing: counted per run when its mask is made of the

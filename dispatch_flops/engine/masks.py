@@ -11,7 +11,10 @@ counter's results are captured (``Tally.read``). Fake and meta tensors have no v
 calls keep the formula's figures (docs/conventions.md, "Hardware and model flops"), except
 meta masks built from shapes alone, whose values are computed on the CPU (``_SHADOWS``); a call
 whose mask has no values is counted (``Tally.unvalued``), so the result can say its masked
-pairs were not subtracted (``RunFacts.unvalued_masks``).
+pairs were not subtracted (``RunFacts.unvalued_masks``). In a compiled graph's pricing run a
+mask made from the graph's inputs (a padding ``attention_mask`` passed in) is noted as the ops
+that make it (``Recipe``), and counted at each run from the run's real inputs
+(``InputMasks``, ``InputCount``).
 
 A masked pair costs what the formula charges a pair (``rates``): ``masked_flops`` /
 ``masked_macs`` of the record grow by masked pairs x the rate; skipped pairs come off
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -180,10 +183,14 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
     def tally(rec, args, kwargs, out) -> None:
         mask = _read(args, kwargs, mask_at)
         unvalued = False
+        recipe = None
         if mask is not None and not has_values(mask):
+            found_mask = mask
             mask = _SHADOWS.get(mask)  # a meta mask built from shapes
-            unvalued = mask is None
-        if mask is None and not unvalued:
+            if mask is None and FAKE_PRICING:  # made from a compiled graph's inputs
+                recipe = _RECIPES.get(found_mask)
+            unvalued = mask is None and recipe is None
+        if mask is None and not unvalued and recipe is None:
             return
         q, k, v = args[q_at], args[q_at + 1], args[q_at + 2]
         qs, ks, vs = q.shape, k.shape, v.shape
@@ -201,6 +208,10 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
             found.unvalued += 1
             return
         causal = _read(args, kwargs, causal_at, False)
+        if recipe is not None:  # counted at each run, from the run's inputs
+            FAKE_PRICING[-1].tallies.append(InputMasks(found, recipe, total, qs[2], ks[-2],
+                                                       causal, backward))
+            return
         with _disable_current_modes(), torch.no_grad():
             keeps = causal_keeps(qs[2], ks[-2], mask.device, causal == 2) if causal else None
             found.add(masked_in(mask, total, keeps))
@@ -273,6 +284,11 @@ def _charge(rec, rate: tuple, masked) -> None:
     if found is None:
         rec.append(Tally(*rate))
         found = rec[TALLY]
+    if masked.__class__ is InputCount:  # known at each run of a compiled graph only
+        if FAKE_PRICING:
+            pricing = FAKE_PRICING[-1]
+            pricing.tallies.append(_RunCharge(found, masked, pricing.backward))
+        return
     found.add(masked)
 
 
@@ -326,6 +342,13 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
         return
     known = x if has_values(x) else _MASKING.get(x)
+    if known is None and FAKE_PRICING and (recipe := _RECIPES.get(x)) is not None:
+        per_run = InputCount(recipe)  # scores plus a mask made from the graph's inputs
+        _charge(scores[0], (2 * scores[3], scores[3]), per_run)
+        _charge(rec, (ELEMENT_COSTS["softmax"], 0), per_run)
+        _EAGER.probs = ((_storage(out),), out.numel(), per_run)
+        _pair(out, per_run)
+        return
     if known is None:
         if _UNVALUED.get(x) is not None:  # scores plus a mask nobody knows
             _charge(rec, (ELEMENT_COSTS["softmax"], 0), 0)
@@ -381,11 +404,11 @@ class _Shadows:
     def __init__(self):
         self.kept: dict = {}  # id(meta tensor) -> (weakref, CPU tensor)
 
-    def get(self, t) -> Optional[Tensor]:
+    def get(self, t) -> Any:  # a Tensor (a Recipe in ``_RECIPES``), or None
         found = self.kept.get(id(t))
         return found[1] if found is not None and found[0]() is t else None
 
-    def put(self, t: Tensor, value: Tensor) -> None:
+    def put(self, t: Tensor, value: Any) -> None:
         if len(self.kept) >= 4096:
             for key in [k for k, v in self.kept.items() if v[0]() is None]:
                 del self.kept[key]
@@ -440,12 +463,20 @@ def _traced(t: Tensor) -> bool:
 
 def _on_cpu(v, found: list):
     """``v`` with each meta tensor replaced by its shadow; ``found[0]`` False if one has none
-    (and the meta tensors without one collected in ``found[1]``)."""
+    (and the meta tensors without one collected in ``found[1]``). In a compiled graph's
+    pricing run, a fake tensor that is one of the graph's inputs, or made from them
+    (``_RECIPES``), is replaced by its ``_Input`` or ``Recipe`` (``found[2]`` True)."""
     if isinstance(v, Tensor):
         if not _valueless(v):
             found[0] = found[0] and has_values(v) and v.device.type == "cpu"
             return v
         shadow = _SHADOWS.get(v)
+        if shadow is None and FAKE_PRICING:
+            at = FAKE_PRICING[-1].inputs.get(id(v))
+            made = _Input(at) if at is not None else _RECIPES.get(v)
+            if made is not None:
+                found[2] = True
+                return made
         if shadow is None:
             found[0] = False
             found[1].append(v)
@@ -463,11 +494,14 @@ def _shadow_tally(func, name: str) -> Callable:
                                                _valueless(out)) or \
                 name not in _AS_VIEW and out.numel() > SHADOW_MOST:
             return
-        found: list = [True, []]
+        found: list = [True, [], False]
         cpu_args = _on_cpu(args, found)
         cpu_kwargs = {k: _on_cpu(v, found) for k, v in (kwargs or {}).items()}
         if "device" in (kwargs or {}) or not any(isinstance(a, Tensor) for a in args):
             cpu_kwargs["device"] = torch.device("cpu")  # a factory
+        if FAKE_PRICING and (found[2] or name == "where"):
+            if _recipe(func, name, args, cpu_args, cpu_kwargs, found, out):
+                return
         if not found[0]:
             if name in ("add", "sub") and len(found[1]) == 1:
                 _masking(args, found[1][0], out)
@@ -483,6 +517,181 @@ def _shadow_tally(func, name: str) -> Callable:
             _SHADOWS.put(out, value)
 
     return tally
+
+
+# -- masks made from a compiled graph's inputs ------------------------------------------------
+# A padding ``attention_mask`` passed into a compiled model is one of the graph's inputs: its
+# fake tensor has no values while the graph is priced, and it changes from run to run. The
+# shadowed ops above, met in a pricing run with such an input (or what was made from one)
+# among their arguments, are noted as a *recipe* instead (``_RECIPES``): the op, its arguments
+# with each input as its position (``_Input``), masks built from shapes as their CPU values,
+# and a value nobody knows that a mask is added to or selected with (T5's position bias,
+# ``where(mask, bias, min)``) as zeros (``_Finite``: finite, so an entry is masked exactly
+# where the mask masks it, as ``_MASKING`` takes scores). An SDPA call whose mask has a recipe
+# is counted at each run of the graph (``InputMasks``): the recipe evaluated on the run's
+# real inputs, its masked pairs added.
+class _Input:
+    """The graph's input at position ``at``, in a recipe."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: int):
+        self.at = at
+
+
+class _Finite:
+    """A value nobody knows, finite (zeros), of ``shape`` and ``dtype``, in a recipe."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+def _inputs_of(v, into: set) -> set:
+    if isinstance(v, _Input):
+        into.add(v.at)
+    elif isinstance(v, Recipe):
+        into.update(v.inputs)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _inputs_of(x, into)
+    return into
+
+
+class Recipe:
+    """How a tensor of a compiled graph is made from the graph's inputs: ``func`` over
+    ``args`` and ``kwargs``, whose inputs, recipes and unknown values are ``_Input``,
+    ``Recipe`` and ``_Finite``."""
+
+    __slots__ = ("func", "args", "kwargs", "inputs")
+
+    def __init__(self, func, args, kwargs):
+        self.func, self.args, self.kwargs = func, args, kwargs
+        found: set = set()
+        _inputs_of(args, found)
+        _inputs_of(tuple(kwargs.values()), found)
+        self.inputs = tuple(sorted(found))
+
+    def value(self, inputs, device, memo: dict) -> Tensor:
+        """The tensor this makes from the graph's real ``inputs``, on ``device`` (``memo``:
+        the recipes evaluated so far, by id)."""
+        done = memo.get(id(self))
+        if done is None:
+            args = _evaluated(self.args, inputs, device, memo)
+            kwargs = {k: device if k == "device" else _evaluated(v, inputs, device, memo)
+                      for k, v in self.kwargs.items()}
+            done = memo[id(self)] = self.func(*args, **kwargs)
+        return done
+
+
+def _evaluated(v, inputs, device, memo):
+    if isinstance(v, _Input):
+        return inputs[v.at]
+    if isinstance(v, Recipe):
+        return v.value(inputs, device, memo)
+    if isinstance(v, _Finite):
+        return torch.zeros((), dtype=v.dtype, device=device).expand(v.shape)
+    if isinstance(v, Tensor):  # a mask built from shapes: its CPU values
+        return v if v.device == device else v.to(device)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_evaluated(x, inputs, device, memo) for x in v)
+    return v
+
+
+_RECIPES = _Shadows()  # fake tensor of a pricing run -> its Recipe
+_FINITE_OPS = ("where", "add", "sub")  # where a value nobody knows may meet a mask
+
+
+def _recipe(func, name: str, args, cpu_args, cpu_kwargs, found: list, out: Tensor) -> bool:
+    """Note ``out``'s recipe (a pricing run's op over the graph's inputs, or selecting a value
+    nobody knows with a mask built from shapes); whether one was noted."""
+    unknown = found[1]
+    if unknown:
+        # only a float operand nobody knows, next to a mask: never a where's condition
+        if name not in _FINITE_OPS or not (found[2] or name == "where") or \
+                len(unknown) != 1 or not unknown[0].dtype.is_floating_point or \
+                name == "where" and args[0] is unknown[0]:
+            return False
+        cpu_args = tuple(_Finite(a.shape, a.dtype) if a is unknown[0] else c
+                         for a, c in zip(args, cpu_args))
+    elif not found[2]:
+        return False
+    _RECIPES.put(out, Recipe(func, cpu_args, cpu_kwargs))
+    return True
+
+
+class _PerRun:
+    """A count made from a compiled graph's real inputs at each run (``count``), kept while
+    the inputs its recipe reads are the same tensors, unchanged (their versions)."""
+
+    __slots__ = ("recipe", "last")
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.last: Optional[tuple] = None  # (key, weak references, count)
+
+    def of(self, inputs):
+        read = [inputs[i] for i in self.recipe.inputs]
+        key = tuple((id(t), t._version) if isinstance(t, Tensor) else t for t in read)
+        last = self.last
+        if last is not None and last[0] == key and \
+                all(ref is None or ref() is t for ref, t in zip(last[1], read)):
+            return last[2]
+        device = next((t.device for t in read if isinstance(t, Tensor)), torch.device("cpu"))
+        with _disable_current_modes(), torch.no_grad():
+            n = self.count(self.recipe.value(inputs, device, {}), device)
+        self.last = (key, [weakref.ref(t) if isinstance(t, Tensor) else None for t in read],
+                     n)
+        return n
+
+    def count(self, mask: Tensor, device):
+        raise NotImplementedError
+
+
+class InputCount(_PerRun):
+    """The masked entries of scores plus a mask made from a compiled graph's inputs (the
+    softmax of attention written as plain ops, SDPA's math decomposition), at each run."""
+
+    __slots__ = ()
+
+    def count(self, mask: Tensor, device):
+        return masked_entries(mask).sum()
+
+
+class _RunCharge:
+    """``tally`` charged ``count``'s masked entries at each run (forward, or ``backward``)."""
+
+    __slots__ = ("tally", "count", "backward")
+
+    def __init__(self, tally: Tally, count: InputCount, backward: bool):
+        self.tally, self.count, self.backward = tally, count, backward
+
+    def __call__(self, inputs) -> None:
+        self.tally.add(self.count.of(inputs))
+
+
+class InputMasks(_PerRun):
+    """An SDPA call of a compiled graph whose mask is made from the graph's inputs (a
+    ``Recipe``): at each run (forward, or ``backward``), its masked pairs counted from the
+    run's real inputs into ``tally``; evaluated again only when an input the recipe reads
+    is another tensor or was changed in place (its version)."""
+
+    __slots__ = ("tally", "total", "s_q", "s_k", "causal", "backward")
+
+    def __init__(self, tally: Tally, recipe: Recipe, total: int, s_q: int, s_k: int, causal,
+                 backward: bool):
+        super().__init__(recipe)
+        self.tally, self.total = tally, total
+        self.s_q, self.s_k, self.causal, self.backward = s_q, s_k, causal, backward
+
+    def count(self, mask: Tensor, device):
+        keeps = causal_keeps(self.s_q, self.s_k, device, self.causal == 2) \
+            if self.causal else None
+        return masked_in(mask, self.total, keeps)
+
+    def __call__(self, inputs) -> None:
+        self.tally.add(self.of(inputs))
 
 
 def _masking(args, unknown: Tensor, out: Tensor) -> None:
