@@ -14,7 +14,7 @@ Timed in paired rounds (``_paired.py``): each variant's added time against the e
 the same round, and its ratio to the do-nothing mode's added time within that round; medians
 over rounds, on this thread's CPU time (other processes on a shared machine disturb it less)
 and on wall time.
-Target: counted + read adds <= 1.3x what the do-nothing mode adds.
+Target: counted + read adds <= 1.2x what the do-nothing mode adds.
 
 ``--model bert`` (issue 42's forward figure): transformers' BertModel from config at base size
 (12 layers, width 768; no weights downloaded) on a short sequence (batch 1 x 32 tokens), its
@@ -41,7 +41,7 @@ from _paired import Rounds  # noqa: E402
 
 from dispatch_flops import FlopCounter  # noqa: E402
 
-TARGET = 1.3
+TARGET = 1.2  # issue 42: a fresh counter per training step, read each step
 FORWARD_TARGET = 1.2  # issue 42: BERT-base forward, a fresh counter per forward
 
 
