@@ -414,13 +414,30 @@ def _math_backward_extra(math: tuple, d_v: int) -> object:
 
 
 # SDPA's math decomposition scales q, then expands k (and v) to the query heads
-# (``repeat_interleave``: a view of the clone of an expanded unsqueeze), then scales k: from
-# the scores' ``bmm`` back, autograd's nodes are these on each side. A model's own expansion
-# (``repeat_interleave`` or transformers' ``repeat_kv``, which both paths run) was made before
-# the call, so before the q scale's node (autograd numbers its nodes as it makes them).
-_Q_SIDE = ("ViewBackward0", "ExpandBackward0", "MulBackward1")
-_K_SIDE = ("ViewBackward0", "ExpandBackward0", "MulBackward1", "TransposeBackward0",
-           "ViewBackward0", "CloneBackward0", "ExpandBackward0", "UnsqueezeBackward0")
+# (``repeat_interleave``: a view of the clone of an expanded unsqueeze), then scales k and
+# transposes it. From the scores' ``bmm`` back, each side reaches its scale's mul through a
+# view and an expand (and a clone where the operand was not contiguous); on the key side, the
+# expansion follows. A model's own expansion (``repeat_interleave`` or transformers'
+# ``repeat_kv``, which both paths run) was made before the call, so before the q scale's node
+# (autograd numbers its nodes as it makes them).
+_TO_SCALE = ("ViewBackward0", "UnsafeViewBackward0", "ExpandBackward0", "CloneBackward0")
+_EXPANDED = ("TransposeBackward0", "ViewBackward0", "CloneBackward0", "ExpandBackward0",
+             "UnsqueezeBackward0")
+
+
+def _scale_node(node):
+    """The scale's mul node reached from a ``bmm`` operand's node through views, expands
+    and clones; None if another node comes first."""
+    for _ in range(5):
+        if node is None:
+            return None
+        name = type(node).__name__
+        if name == "MulBackward1":
+            return node
+        if name not in _TO_SCALE:
+            return None
+        node = node.next_functions[0][0]
+    return None
 
 
 def _grouped(x: Tensor) -> bool:
@@ -433,21 +450,16 @@ def _grouped(x: Tensor) -> bool:
         node = node.next_functions[0][0]
     if node is None or type(node).__name__ != "BmmBackward0":
         return False
-    q_scale = _chain(node.next_functions[0][0], _Q_SIDE)
-    expanded = _chain(node.next_functions[1][0], _K_SIDE)
-    return q_scale is not None and expanded is not None and \
-        expanded._sequence_nr() > q_scale._sequence_nr()
-
-
-def _chain(node, names: tuple):
-    """The last node of ``names``, followed from ``node`` (named ``names[0]``) by first
-    inputs; None where the graph differs."""
-    for i, name in enumerate(names):
-        if i:
-            node = node.next_functions[0][0]
-        if node is None or type(node).__name__ != name:
-            return None
-    return node
+    q_scale = _scale_node(node.next_functions[0][0])
+    k_scale = _scale_node(node.next_functions[1][0])
+    if q_scale is None or k_scale is None:
+        return False
+    expanded = k_scale
+    for name in _EXPANDED:
+        expanded = expanded.next_functions[0][0]
+        if expanded is None or type(expanded).__name__ != name:
+            return False
+    return expanded._sequence_nr() > q_scale._sequence_nr()
 
 
 def _tril_tally(rec, args, kwargs, out) -> None:
