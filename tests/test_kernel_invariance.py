@@ -379,6 +379,11 @@ def test_the_efficient_kernels_bottom_right_causal_type(s_q, s_k, with_mask):
 
 # -- the math decomposition's backward (issue 41, point 3) --------------------------------------
 def _training_call(backend, mask, is_causal: bool, h_kv: int, dropout: float, dtype) -> Stats:
+    return _training_counter(backend, mask, is_causal, h_kv, dropout, dtype).total
+
+
+def _training_counter(backend, mask, is_causal: bool, h_kv: int, dropout: float,
+                      dtype) -> FlopCounter:
     torch.manual_seed(0)
     q = torch.randn(B, 4, S, D, dtype=dtype, requires_grad=True)
     k, v = (torch.randn(B, h_kv, S, D, dtype=dtype, requires_grad=True) for _ in range(2))
@@ -386,7 +391,7 @@ def _training_call(backend, mask, is_causal: bool, h_kv: int, dropout: float, dt
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                              dropout_p=dropout, enable_gqa=h_kv != 4)
         out.sum().backward()
-    return fc.total
+    return fc
 
 
 MATH_CONFIGS = [(mask, h_kv, dropout, dtype)
@@ -414,7 +419,8 @@ def test_the_math_backward_finds_the_masked_pairs_the_kernels_do(config):
     elif kind == "additive":
         mask = _additive(kind, allowed, dtype)
     useful = B * 4 * loop_pairs(allowed, S, S)
-    math = _training_call(SDPBackend.MATH, mask, is_causal, h_kv, dropout, dtype)
+    counted = _training_counter(SDPBackend.MATH, mask, is_causal, h_kv, dropout, dtype)
+    math = counted.total
     assert math.model_macs == useful * 6 * D
     assert math.macs == B * 4 * S * S * 6 * D
     assert 0 <= math.model_flops <= math.flops
@@ -422,15 +428,24 @@ def test_the_math_backward_finds_the_masked_pairs_the_kernels_do(config):
     flash = _training_call(SDPBackend.FLASH_ATTENTION, mask, is_causal, h_kv, 0.0, dtype)
     assert flash.model_macs == math.model_macs
     assert flash.macs - math.macs == B * 4 * S * S * D  # the recomputed q·kᵀ
-    assert math.model_flops - flash.model_flops == math_minus_fused_model_flops(
+    # model flops are the model's: the math path's element-wise ops priced as the kernels'
+    assert math.model_flops == flash.model_flops
+    # ... the rest of what they ran is hardware only, on the softmax (forward) and softmax
+    # backward records, beside their masked entries (softmax 5, its backward 4 a masked one)
+    ops = counted.by_operator()
+    math_hardware_only = sum(ops[op].masked_flops
+                             for op in ("aten._safe_softmax", "aten._softmax_backward_data"))
+    masked = B * 4 * S * S - useful
+    assert math_hardware_only - masked * (5 + 4) == math_minus_fused_flops(
         B, 4, h_kv, S, S, D, useful // B // 4, mask is not None, kind != "none", is_causal)
 
 
-def math_minus_fused_model_flops(b, h, h_kv, s_q, s_k, d, unmasked, attn_mask, adds_mask,
-                                 is_causal) -> int:
-    """Model flops of SDPA's math decomposition (forward + backward) less a fused kernel's,
-    for one call: the element-wise work each prices its own way (docs/conventions.md,
-    "Hardware and model flops"). ``unmasked``: the pairs of one head the mask keeps."""
+def math_minus_fused_flops(b, h, h_kv, s_q, s_k, d, unmasked, attn_mask, adds_mask,
+                           is_causal) -> int:
+    """The element-wise flops SDPA's math decomposition (forward + backward) runs less those a
+    fused kernel's formula charges (its model figure), for one call: hardware only on the
+    math path, so that model flops are one figure (docs/conventions.md, "Hardware and model
+    flops"). ``unmasked``: the pairs of one head the mask keeps."""
     # scale: math multiplies q and k by sqrt(scale), forward and their gradients backward;
     # the kernels charge 1 a kept pair, forward and backward
     scale = 2 * (s_q + s_k) * d - 2 * unmasked
@@ -452,6 +467,23 @@ def test_model_flops_of_math_and_kernel_training_agree_without_a_mask():
     assert S == 2 * D
     assert flash.model_flops == math.model_flops
     assert flash.flops - math.flops == B * 4 * S * S * (2 * D + 5)  # q·kᵀ and softmax again
+
+
+def test_math_model_flops_are_the_kernels_where_its_scaling_is_cheaper():
+    """S = 8D, no mask: math scales q and k (2·S·D a head each way), fewer flops than the
+    kernels' one scale a pair (S² a head each way). Model flops are still the kernels' (the
+    model's figure), so here they exceed what math ran by exactly that difference."""
+    s, d = 64, 8
+    figures = {}
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        q, k, v = (torch.randn(1, 2, s, d, requires_grad=True) for _ in range(3))
+        with sdpa_kernel(backend), FlopCounter() as fc:
+            F.scaled_dot_product_attention(q, k, v).sum().backward()
+        figures[backend] = fc.total
+    math, flash = figures[SDPBackend.MATH], figures[SDPBackend.FLASH_ATTENTION]
+    assert math.model_flops == flash.model_flops
+    assert math.flops - math.model_flops == math_minus_fused_flops(
+        1, 2, 2, s, s, d, s * s, False, False, False) == 2 * (4 * s * d - 2 * s * s) < 0
 
 
 # -- the meta device (issue 41, point 1) ----------------------------------------------------------
@@ -478,7 +510,7 @@ def test_sdpa_is_causal_on_meta_counts_the_causal_pairs():
 def test_a_tiny_llama_built_on_meta_counts_the_model_macs_of_the_cpu(mask):
     """transformers' Llama / Mistral from config on meta vs on the CPU, forward: the causal
     pairs (is_causal on meta's math decomposition) and a sliding window (a mask transformers
-    builds from arange and comparisons) give the CPU's model MACs. (A padding mask is the
+    builds from arange and comparisons) give the CPU's model MACs and flops. (A padding mask is the
     user's tensor: on meta it has no values, and transformers itself reads them.)"""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
@@ -503,6 +535,8 @@ def test_a_tiny_llama_built_on_meta_counts_the_model_macs_of_the_cpu(mask):
     figures = _meta_and_cpu(run)
     assert figures["meta"].masked_macs > 0
     assert figures["meta"].model_macs == figures["cpu"].model_macs
+    # the math decomposition's own element-wise work is hardware only: model flops too
+    assert figures["meta"].model_flops == figures["cpu"].model_flops
     assert unvalued == [0, 0]  # masks built from shapes: known, no note
 
 
@@ -548,3 +582,27 @@ def test_a_users_mask_without_values_is_said_in_the_result(tensors):
     assert Profile.from_json(path).run.unvalued_masks == 3
     assert Profile.merge([run, run]).run.unvalued_masks == 6
     assert Profile.merge([run, run]).per_step().run.unvalued_masks == 3
+
+
+@pytest.mark.parametrize("own_expansion", [False, True])
+def test_math_model_flops_with_gqa_expanded_by_sdpa_or_by_the_model(own_expansion):
+    """GQA through the math decomposition: the k and v expansion SDPA makes itself
+    (``enable_gqa``), and its gradients' sums, are hardware only; an expansion the model makes
+    before the call (``repeat_interleave``, the same ops) is the model's on every path."""
+    figures = {}
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        torch.manual_seed(0)
+        q = torch.randn(1, 4, S, D, requires_grad=True)
+        k, v = (torch.randn(1, 1, S, D, requires_grad=True) for _ in range(2))
+        with sdpa_kernel(backend), FlopCounter() as fc:
+            if own_expansion:
+                k, v = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=not own_expansion
+                                           ).sum().backward()
+        figures[backend] = fc.total
+    math, flash = figures[SDPBackend.MATH], figures[SDPBackend.FLASH_ATTENTION]
+    assert math.model_flops == flash.model_flops
+    grouped = 4 * S * 2 * D  # the gradients' sums over each group (k and v)
+    assert math.flops - math.model_flops == math_minus_fused_flops(
+        1, 4, 1 if not own_expansion else 4, S, S, D, S * S, False, False, False) == \
+        (0 if own_expansion else grouped)

@@ -200,6 +200,17 @@ def test_both_options_give_the_figures_they_gave_at_0f19d87(scenario, option):
                                    ("backward aten._softmax_backward_data.default",
                                     (4 * masked, 0))):
             expected[key][3:] = [flops, macs]
+        # ... and its element-wise work beyond the fused kernels' per-pair figure is hardware
+        # only (docs/conventions.md): q and k scaled each way less a scale a kept pair; the
+        # causal call's mask built (where, 40·56) and added to every score; the second call
+        # (no mask, every pair kept) its scaling alone
+        heads, pairs = 2 * 3, 40 * 56
+        kept = attention_pairs(2, 3, 40, 56, True)
+        scale = heads * (40 + 56) * 8
+        forward = (scale - kept + heads * pairs + pairs) + (scale - heads * pairs)
+        backward = (scale - kept) + (scale - heads * pairs)
+        expected["forward aten._safe_softmax.default"][3] += forward
+        expected["backward aten._softmax_backward_data.default"][3] += backward
     assert figures == expected
 
 

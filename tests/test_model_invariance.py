@@ -85,9 +85,10 @@ def fresh_dynamo():
 @pytest.mark.parametrize("name", MODELS)
 def test_forward_rows(name):
     """Forward, eval(): model MACs equal on every path; model flops equal under no_grad,
-    inference_mode and with grad on (T5 with grad on runs the math decomposition); the math
-    backend and eager attention differ only by their element-wise ops (scale, mask add,
-    mask building), a fraction of a percent."""
+    inference_mode, with grad on (T5 with grad on runs the math decomposition) and through
+    the math backend (its own element-wise ops are hardware only); eager attention (plain
+    ops) differs only by its element-wise ops (scale, mask add, mask building), a fraction
+    of a percent."""
     model, kwargs = build(name), inputs(name)
     base = count(model, kwargs, during=torch.no_grad)
     assert count(model, kwargs, during=torch.inference_mode) == base
@@ -99,26 +100,33 @@ def test_forward_rows(name):
     if name != "t5":
         assert grad_on == base
     plain = count(build(name, "eager"), kwargs, during=torch.no_grad)
-    for row in (math, plain) + ((grad_on,) if name == "t5" else ()):
+    for row in (math, plain, grad_on):
         assert row[1] == base[1] and row[3] == base[3]  # model and hardware MACs
-        assert 0 < row[0] - base[0] < 0.01 * base[0]
+    assert math[0] == grad_on[0] == base[0]
+    assert 0 < plain[0] - base[0] < 0.01 * base[0]
 
 
 def test_gpt2_element_wise_difference_in_closed_form():
-    """GPT-2 forward: the math decomposition's model flops exceed the fused kernel's by its
-    own element-wise ops: q and k scaled apart (``2·b·h·s·d``), the causal mask made
-    (``where`` over ``s²``) and added to every score (``b·h·s²``), less the kernel's one
-    scale per unmasked pair. Eager attention (plain ops): every score scaled and masked
-    (``2·b·h·s²``), the mask built (``le`` over ``s²``, ``where`` over ``b·s²``, two index
-    adds over ``s``), less the same scale per unmasked pair."""
+    """GPT-2 forward: the math decomposition's model flops are the fused kernel's; its own
+    element-wise ops, less the kernel's one scale per unmasked pair, are hardware only (on
+    its softmax's record, beside the masked entries' 5 each): q and k scaled apart
+    (``2·b·h·s·d``), the causal mask made (``where`` over ``s²``) and added to every score
+    (``b·h·s²``). Eager attention (plain ops) still differs in model flops by its own: every
+    score scaled and masked (``2·b·h·s²``), the mask built (``le`` over ``s²``, ``where``
+    over ``b·s²``, two index adds over ``s``), less the same scale per unmasked pair."""
     model, kwargs = build("gpt2"), inputs("gpt2")
     base = count(model, kwargs, during=torch.no_grad)
-    with sdpa_kernel(SDPBackend.MATH):
-        math = count(model, kwargs, during=torch.no_grad)
+    model.eval()
+    with sdpa_kernel(SDPBackend.MATH), FlopCounter(model) as fc, torch.no_grad():
+        model(**kwargs)
+    math = fc.total
     plain = count(build("gpt2", "eager"), kwargs, during=torch.no_grad)
     h, d = 4, 8
     kept = B * h * S * (S + 1) // 2  # unmasked causal pairs
-    assert math[0] - base[0] == 2 * B * h * S * d + S * S + B * h * S * S - kept
+    assert math.model_flops == base[0]
+    softmax = fc.by_operator()["aten._safe_softmax"]
+    assert softmax.masked_flops - 5 * (B * h * S * S - kept) == \
+        2 * B * h * S * d + S * S + B * h * S * S - kept
     assert plain[0] - base[0] == 2 * B * h * S * S + S * S + B * S * S + 2 * S - kept
 
 
@@ -126,7 +134,9 @@ def test_gpt2_element_wise_difference_in_closed_form():
 def test_training_rows(name):
     """A training step's forward and backward in train(): model MACs equal through the fused
     kernel (Llama: no attention dropout), SDPA's math decomposition (GPT-2's dropout, or the
-    math backend) and eager attention; model flops differ by element-wise ops only."""
+    math backend) and eager attention; model flops equal through the fused kernel and the
+    math decomposition (Llama's GQA expansion and gradient sums hardware only), eager
+    attention's differ by its element-wise ops only."""
     model, kwargs = build(name), inputs(name)
     base = count(model, kwargs, train=True)
     with sdpa_kernel(SDPBackend.MATH):
@@ -135,10 +145,10 @@ def test_training_rows(name):
         assert math == base
     else:  # no attention dropout: the CPU flash kernel, whose backward recomputes q·kᵀ
         assert math[3] < base[3]  # hardware only: the fused backward's fifth contraction
+    assert math[:2] == base[:2]
     plain = count(build(name, "eager"), kwargs, train=True)
-    for row in (math, plain):
-        assert row[1] == base[1]
-        assert abs(row[0] - base[0]) < 0.01 * base[0]
+    assert plain[1] == base[1]
+    assert abs(plain[0] - base[0]) < 0.01 * base[0]
 
 
 compiled_only = pytest.mark.skipif(not has_ignore_compile_internals(),

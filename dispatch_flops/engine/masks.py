@@ -244,6 +244,9 @@ class _Eager(threading.local):
         # multiply either copy by the contraction that follows)
         self.probs = None
         self.recent: list = []  # the last few bmms' (record, numel, last dim, contraction)
+        # the shape of the last boolean ``tril`` (SDPA's math decomposition builds its
+        # ``is_causal`` mask with ``ones(s_q, s_k).tril()``), taken by the next softmax
+        self.tril = None
 
 
 _EAGER = _Eager()
@@ -252,11 +255,13 @@ _PAIRED_PURGE = 1024  # past this many, entries of freed tensors are dropped
 _PAIRED_LOCK = threading.Lock()
 
 
-def _pair(t: Tensor, masked, forward: bool = True) -> None:
+def _pair(t: Tensor, masked, forward: bool = True, math: Optional[tuple] = None) -> None:
     """Note ``t`` (zero where ``masked`` entries were masked) for the backward's contractions:
     only where autograd will run a backward that reads it (a training forward), and only while
     its storage lives (a weak reference: freed memory reused by another tensor never
-    matches; autograd saves an output as another tensor on the same storage)."""
+    matches; autograd saves an output as another tensor on the same storage). ``math``: the
+    probabilities of SDPA's math decomposition, what its backward's element-wise work needs
+    (``_math_backward_extra``)."""
     if forward and not torch.is_grad_enabled():
         return
     with _PAIRED_LOCK:
@@ -266,20 +271,32 @@ def _pair(t: Tensor, masked, forward: bool = True) -> None:
             while len(_PAIRED) >= 4 * _PAIRED_PURGE:
                 del _PAIRED[next(iter(_PAIRED))]
         storage = t.untyped_storage()
-        _PAIRED[storage._cdata] = (weakref.ref(storage), t.numel(), masked)
+        was = _PAIRED.get(storage._cdata)
+        if math is None and was is not None and was[0]() is storage and was[1] == t.numel():
+            math = was[3]  # the probabilities noted again by their consumer: still math's
+        _PAIRED[storage._cdata] = (weakref.ref(storage), t.numel(), masked, math)
 
 
-def _paired(t) -> object:
-    """The masked count of ``t`` if its storage holds masked-zero pairs of its size, else None."""
+def _paired_entry(t) -> Optional[tuple]:
+    """``t``'s entry in ``_PAIRED`` (weakref, numel, masked count, math) if its storage holds
+    masked-zero pairs of its size, else None."""
     if not _PAIRED or not isinstance(t, Tensor) or not _traced(t):
         return None
     found = _PAIRED.get(_storage(t))
     if found is None or found[1] != t.numel() or found[0]() is None:
         return None
-    return found[2]
+    return found
 
 
-def _charge(rec, rate: tuple, masked) -> None:
+def _paired(t) -> object:
+    """The masked count of ``t`` if its storage holds masked-zero pairs of its size, else None."""
+    found = _paired_entry(t)
+    return None if found is None else found[2]
+
+
+def _charge(rec, rate: tuple, masked, factor: int = 1) -> None:
+    """Add ``masked`` units to ``rec``'s tally (made at ``rate`` when it has none);
+    ``factor``: units per entry of a per-run count (``InputCount``), known at each run only."""
     found = rec[TALLY] if len(rec) > TALLY else None
     if found is None:
         rec.append(Tally(*rate))
@@ -287,7 +304,7 @@ def _charge(rec, rate: tuple, masked) -> None:
     if masked.__class__ is InputCount:  # known at each run of a compiled graph only
         if FAKE_PRICING:
             pricing = FAKE_PRICING[-1]
-            pricing.tallies.append(_RunCharge(found, masked, pricing.backward))
+            pricing.tallies.append(_RunCharge(found, masked, pricing.backward, factor))
         return
     found.add(masked)
 
@@ -322,21 +339,37 @@ def _softmax_backward_tally(rec, args, kwargs, out) -> None:
     the last few, of as many entries), and its output (``g_s``, zero where masked) for the
     contractions that read it."""
     grad, output = args[0], args[1]
-    masked = _paired(output)
-    if masked is None:
+    found = _paired_entry(output)
+    if found is None:
         return
-    _charge(rec, (ELEMENT_COSTS["softmax_backward"], 0), masked)
+    masked, math = found[2], found[3]
+    d_v = 0
     for made in _EAGER.recent:
         if made[1] == grad.numel() and made[2] == grad.shape[-1]:
             _charge(made[0], (2 * made[3], made[3]), masked)
+            d_v = made[3]  # g_p = g·vᵀ contracts over d_v
             break
     _EAGER.recent = []
+    # the record's hardware-only flops, one a unit (its math share is flops, not pairs)
+    if masked.__class__ is InputCount:  # a compiled graph's mask passed in: at each run
+        per_entry = ELEMENT_COSTS["softmax_backward"]
+        if math is not None:  # the constant part now (re-added at each run), the rest per entry
+            _charge(rec, (1, 0), _math_backward_extra(math, d_v))
+            per_entry += ELEMENT_COSTS["attention_scale"]
+        _charge(rec, (1, 0), masked, per_entry)
+    else:
+        extra = 0 if math is None else _math_backward_extra(math, d_v)
+        _charge(rec, (1, 0), masked * ELEMENT_COSTS["softmax_backward"] + extra)
     _pair(out, masked, forward=False)
 
 
-def _softmax_tally(rec, args, kwargs, out) -> None:
+def _softmax_tally(rec, args, kwargs, out, math: bool = False) -> None:
+    """A softmax over scores a contraction just made: its masked entries (and the
+    contractions' share of them); ``math``: ``_safe_softmax``, SDPA's math decomposition,
+    whose element-wise work is priced as the fused kernels' (``_math_forward_extra``)."""
     x, dim = args[0], args[1]
     scores, _EAGER.scores = _EAGER.scores, None
+    causal, _EAGER.tril = _EAGER.tril, None
     if scores is None or x.dim() < 2 or dim not in (-1, x.dim() - 1):
         return
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
@@ -345,23 +378,143 @@ def _softmax_tally(rec, args, kwargs, out) -> None:
     if known is None and FAKE_PRICING and (recipe := _RECIPES.get(x)) is not None:
         per_run = InputCount(recipe)  # scores plus a mask made from the graph's inputs
         _charge(scores[0], (2 * scores[3], scores[3]), per_run)
-        _charge(rec, (ELEMENT_COSTS["softmax"], 0), per_run)
+        if math:
+            causal = causal is not None and tuple(causal) == tuple(x.shape[-2:])
+            _math_forward(rec, x, out, scores[3], per_run, causal)
+        else:
+            _charge(rec, (ELEMENT_COSTS["softmax"], 0), per_run)
+            _pair(out, per_run)
         _EAGER.probs = ((_storage(out),), out.numel(), per_run)
-        _pair(out, per_run)
         return
+    masked = None
     if known is None:
         if _UNVALUED.get(x) is not None:  # scores plus a mask nobody knows
-            _charge(rec, (ELEMENT_COSTS["softmax"], 0), 0)
+            _charge(rec, (1, 0), 0)
             rec[TALLY].unvalued += 1
-        return
-    with _disable_current_modes(), torch.no_grad():
-        masked = (known <= MASKED_AT_MOST).sum()
-    if not isinstance(masked, Tensor) or masked.device.type == "cpu" and not int(masked):
+    else:
+        with _disable_current_modes(), torch.no_grad():
+            masked = (known <= MASKED_AT_MOST).sum()
+    if math:
+        causal = causal is not None and tuple(causal) == tuple(x.shape[-2:])
+        _math_forward(rec, x, out, scores[3], 0 if masked is None else masked, causal)
+    if masked is None or not isinstance(masked, Tensor) or \
+            masked.device.type == "cpu" and not int(masked):
         return
     _charge(scores[0], (2 * scores[3], scores[3]), masked)
-    _charge(rec, (ELEMENT_COSTS["softmax"], 0), masked)
+    if not math:
+        _charge(rec, (1, 0), masked * ELEMENT_COSTS["softmax"])
     _EAGER.probs = ((_storage(out),), out.numel(), masked)
-    _pair(out, masked)  # the softmax backward reads it
+    if not math:
+        _pair(out, masked)  # the softmax backward reads it
+
+
+def _math_softmax_tally(rec, args, kwargs, out) -> None:
+    _softmax_tally(rec, args, kwargs, out, math=True)
+
+
+# -- SDPA's math decomposition, priced as the fused kernels -----------------------------------
+# The math decomposition spells the attention's element-wise work its own way: it scales q and
+# k by sqrt(scale) (s_q·d + s_k·d a head, and their gradients in backward), adds the mask to
+# every score, masked ones too (the causal mask it builds with ``where`` over s_q·s_k), and
+# sums k's and v's gradients over each group (GQA). The fused kernels' formula charges one
+# scale a kept pair each way and, for an ``attn_mask``, one add a kept pair. Model flops are
+# the model's (docs/conventions.md): the math path's own element-wise work less the fused
+# kernels' per-pair figure is hardware only, charged to the softmax's record (forward) and the
+# softmax backward's (backward), one flop a unit. It can be negative (no mask, s > 2d: the
+# q, k scaling is cheaper than a scale a pair): hardware flops stay what ran.
+def _math_forward(rec, x: Tensor, out: Tensor, d: int, masked, causal: bool) -> None:
+    s_q, s_k = x.shape[-2], x.shape[-1]
+    n = x.numel()
+    heads = n // (s_q * s_k)
+    if masked.__class__ is InputCount:  # known at each run: the part linear in it per entry
+        scale = heads * (s_q + s_k) * d * ELEMENT_COSTS["mul"] - n * ELEMENT_COSTS[
+            "attention_scale"]
+        per_entry = ELEMENT_COSTS["softmax"] + ELEMENT_COSTS["attention_scale"]
+        if causal:
+            _charge(rec, (1, 0), scale + n * ELEMENT_COSTS["add"] +
+                    s_q * s_k * ELEMENT_COSTS["where"])
+        else:
+            _charge(rec, (1, 0), scale)
+            per_entry += ELEMENT_COSTS["add"]
+        _charge(rec, (1, 0), masked, per_entry)
+        if torch.is_grad_enabled():  # the backward adds attention_scale per entry itself
+            _pair(out, masked, math=(scale, heads * s_k if _grouped(x) else 0, d))
+        return
+    kept = n - masked
+    # the q and k multiplies, less the model's scale per kept pair (the same figure backward)
+    scale = heads * (s_q + s_k) * d * ELEMENT_COSTS["mul"] - kept * ELEMENT_COSTS[
+        "attention_scale"]
+    if causal:  # the add of the mask it built: all of it; the build, where over s_q·s_k
+        mask = n * ELEMENT_COSTS["add"] + s_q * s_k * ELEMENT_COSTS["where"]
+    else:  # an attn_mask's add over the masked entries (the kernels charge 1 a kept pair)
+        mask = masked * ELEMENT_COSTS["add"]
+    _charge(rec, (1, 0), masked * ELEMENT_COSTS["softmax"] + scale + mask)
+    # the softmax backward reads the probabilities: its record takes the backward's share
+    if torch.is_grad_enabled():
+        _pair(out, masked, math=(scale, heads * s_k if _grouped(x) else 0, d))
+
+
+def _math_backward_extra(math: tuple, d_v: int) -> object:
+    """The backward's element-wise work of SDPA's math decomposition less the fused kernels'
+    per-pair figure: q's and k's gradients scaled (as the forward's, ``math[0]``) and, when
+    k and v were expanded to the query heads (GQA), their gradients summed over each group
+    (``heads·s_k·(d + d_v)``)."""
+    scale, keys, d = math
+    return scale + keys * (d + d_v) * ELEMENT_COSTS["reduce"]
+
+
+# SDPA's math decomposition scales q, then expands k (and v) to the query heads
+# (``repeat_interleave``: a view of the clone of an expanded unsqueeze), then scales k and
+# transposes it. From the scores' ``bmm`` back, each side reaches its scale's mul through a
+# view and an expand (and a clone where the operand was not contiguous); on the key side, the
+# expansion follows. A model's own expansion (``repeat_interleave`` or transformers'
+# ``repeat_kv``, which both paths run) was made before the call, so before the q scale's node
+# (autograd numbers its nodes as it makes them).
+_TO_SCALE = ("ViewBackward0", "UnsafeViewBackward0", "ExpandBackward0", "CloneBackward0")
+_EXPANDED = ("TransposeBackward0", "ViewBackward0", "CloneBackward0", "ExpandBackward0",
+             "UnsqueezeBackward0")
+
+
+def _scale_node(node):
+    """The scale's mul node reached from a ``bmm`` operand's node through views, expands
+    and clones; None if another node comes first."""
+    for _ in range(5):
+        if node is None:
+            return None
+        name = type(node).__name__
+        if name == "MulBackward1":
+            return node
+        if name not in _TO_SCALE:
+            return None
+        node = node.next_functions[0][0]
+    return None
+
+
+def _grouped(x: Tensor) -> bool:
+    """Whether the scores ``x`` (a training forward's) are of a k that SDPA's math
+    decomposition expanded to the query heads itself (GQA), read from autograd's graph."""
+    node = x.grad_fn
+    for _ in range(2):  # the view of the bmm's output (and the mask's add)
+        if node is None or type(node).__name__ == "BmmBackward0":
+            break
+        node = node.next_functions[0][0]
+    if node is None or type(node).__name__ != "BmmBackward0":
+        return False
+    q_scale = _scale_node(node.next_functions[0][0])
+    k_scale = _scale_node(node.next_functions[1][0])
+    if q_scale is None or k_scale is None:
+        return False
+    expanded = k_scale
+    for name in _EXPANDED:
+        expanded = expanded.next_functions[0][0]
+        if expanded is None or type(expanded).__name__ != name:
+            return False
+    return expanded._sequence_nr() > q_scale._sequence_nr()
+
+
+def _tril_tally(rec, args, kwargs, out) -> None:
+    if out.dtype is torch.bool and out.dim() == 2:
+        _EAGER.tril = out.shape
 
 
 def _follow_probs(rec, args, kwargs, out) -> None:
@@ -662,13 +815,17 @@ class InputCount(_PerRun):
 class _RunCharge:
     """``tally`` charged ``count``'s masked entries at each run (forward, or ``backward``)."""
 
-    __slots__ = ("tally", "count", "backward")
+    __slots__ = ("tally", "count", "backward", "factor")
 
-    def __init__(self, tally: Tally, count: InputCount, backward: bool):
-        self.tally, self.count, self.backward = tally, count, backward
+    def __init__(self, tally: Tally, count: InputCount, backward: bool, factor: int = 1):
+        self.tally, self.count, self.backward, self.factor = tally, count, backward, factor
 
     def __call__(self, inputs) -> None:
-        self.tally.add(self.count.of(inputs))
+        # a compiled graph's run calls this with the counting modes on the stack: the count's
+        # scaling and adding (a device tensor's add, a CPU one's item()) are not the user's ops
+        with _disable_current_modes():
+            counted = self.count.of(inputs)
+            self.tally.add(counted * self.factor if self.factor != 1 else counted)
 
 
 class InputMasks(_PerRun):
@@ -691,7 +848,8 @@ class InputMasks(_PerRun):
         return masked_in(mask, self.total, keeps)
 
     def __call__(self, inputs) -> None:
-        self.tally.add(self.of(inputs))
+        with _disable_current_modes():  # as _RunCharge's: nothing here is the user's op
+            self.tally.add(self.of(inputs))
 
 
 def _masking(args, unknown: Tensor, out: Tensor) -> None:
@@ -804,7 +962,8 @@ def _tallies() -> tuple[dict, dict]:
             found[op] = _sdpa_tally(op, backward, layout)
     add("bmm", "default", _bmm_tally)
     add("_softmax", "default", _softmax_tally)
-    add("_safe_softmax", "default", _softmax_tally)
+    add("_safe_softmax", "default", _math_softmax_tally)
+    add("tril", "default", _tril_tally)
     add("_softmax_backward_data", "default", _softmax_backward_tally)
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
