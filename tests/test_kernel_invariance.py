@@ -589,6 +589,8 @@ def test_math_model_flops_with_gqa_expanded_by_sdpa_or_by_the_model(own_expansio
     """GQA through the math decomposition: the k and v expansion SDPA makes itself
     (``enable_gqa``), and its gradients' sums, are hardware only; an expansion the model makes
     before the call (``repeat_interleave``, the same ops) is the model's on every path."""
+    if not own_expansion and torch.__version__ < "2.9":
+        pytest.skip("torch 2.8's CPU flash kernel takes no GQA call (no available kernel)")
     figures = {}
     for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
         torch.manual_seed(0)
