@@ -185,6 +185,18 @@ def padded(name: str) -> dict:
     return kwargs
 
 
+def two_steps(model, call, kwargs, train: bool) -> tuple:
+    """(model flops, model MACs, flops, MACs) of two forward + backward steps of ``call``
+    (``model`` or its compiled wrapper) in ``train()`` or ``eval()``, one counter."""
+    model.train(train)
+    with FlopCounter(model) as fc:
+        for _ in range(2):
+            call(**kwargs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    t = fc.total
+    return t.model_flops, t.model_macs, t.flops, t.macs
+
+
 @compiled_only
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -198,19 +210,8 @@ def test_compiled_padded_training_steps(name, train):
     T5's two), or the causal models' check that it is all ones (a sum over ``b·s``, 2 flops
     an element, and an ``eq`` per sequence)."""
     model, kwargs = build(name), padded(name)
-    compiled_model = torch.compile(model)
-
-    def two(call):
-        model.train(train)
-        with FlopCounter(model) as fc:
-            for _ in range(2):
-                call(**kwargs).loss.backward()
-        model.zero_grad(set_to_none=True)
-        t = fc.total
-        return t.model_flops, t.model_macs, t.flops, t.macs
-
-    eager = two(model)
-    compiled = two(compiled_model)
+    eager = two_steps(model, model, kwargs, train)
+    compiled = two_steps(model, torch.compile(model), kwargs, train)
     assert eager[1] < eager[3]  # masked pairs found
     skipped = {"bert": B * S, "t5": 2 * B * S}.get(name, 2 * B * S + B)
     assert compiled[1] == eager[1] and compiled[3] == eager[3]
@@ -223,17 +224,6 @@ def test_compiled_training_step_gpt2():
     causal mask the pricing run follows on fake tensors): every figure equals eager's, the
     masked pairs counted at each run."""
     model, kwargs = build("gpt2"), inputs("gpt2")
-    compiled_model = torch.compile(model)
-
-    def two(call):
-        model.train()
-        with FlopCounter(model) as fc:
-            for _ in range(2):
-                call(**kwargs).loss.backward()
-        model.zero_grad(set_to_none=True)
-        t = fc.total
-        return t.model_flops, t.model_macs, t.flops, t.macs
-
-    eager = two(model)
+    eager = two_steps(model, model, kwargs, True)
     assert eager[0] < eager[2]  # masked pairs found
-    assert two(compiled_model) == eager
+    assert two_steps(model, torch.compile(model), kwargs, True) == eager
