@@ -49,6 +49,7 @@ from dispatch_flops.engine.records import (
     CALLS,
     NS,
     SIGNATURE,
+    TALLY,
     Signature,
     engine_cache,
 )
@@ -416,10 +417,11 @@ class CountingMode(TorchDispatchMode):
                     unit = dict(zip(PRICED, rec[SIGNATURE].unit(inner.resolved[op])))
                     for name in totals:
                         totals[name] += rec[CALLS] * unit[name]
-                    if len(rec) > 3:  # a tally's hardware-only share (dropout's noise)
-                        masked = rec[3].read()[0]  # over every call already
-                        totals["masked_flops"] += masked * rec[3].flops_rate
-                        totals["masked_macs"] += masked * rec[3].macs_rate
+                    if len(rec) > TALLY:  # a tally's hardware-only share (dropout's noise)
+                        tally = rec[TALLY]
+                        masked = tally.read()[0]  # over every call already
+                        totals["masked_flops"] += masked * tally.flops_rate
+                        totals["masked_macs"] += masked * tally.macs_rate
         except Exception:  # data-dependent, or a kernel meta cannot run: the formula prices
             return
         # the masked share too (an is_causal SDPA's): model flops as the kernel's own call has
