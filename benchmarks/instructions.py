@@ -21,7 +21,8 @@ deliberate commit: ``--record WHY`` writes the figures measured now with the rea
 commit says why counting got dearer. ``--breakdown`` adds variants that switch parts of
 counting off (docs/overhead.md, "Where the instructions go").
 
-``--workload`` picks the step: ``train`` (the default, the one ``--check`` guards), ``forward``
+``--workload`` picks the step: ``train`` (the default, the one ``--check`` guards), ``gpt2``
+(always_on.py's transformers GPT-2 training step, the logger's figure of issue 42), ``forward``
 (the same tiny GPT's forward under ``no_grad``), ``mask`` (a tiny transformers BERT's forward
 under ``no_grad`` with a padding mask: SDPA with a mask argument, whose masked pairs the
 counter counts), ``compiled`` (benchmarks/compiled.py's 4-block MLP compiled by inductor,
@@ -59,11 +60,12 @@ VARIANTS = ("eager", "do-nothing mode", "  (unwrapped)", "fresh counter + read",
 CHECKED = ("eager", "do-nothing mode", GUARDED)  # what --check and --record measure
 # parts of counting switched off, to see what each costs (--breakdown)
 BREAKDOWN = ("hooks only", "no signatures")
-WORKLOADS = ("train", "forward", "mask", "compiled")
+WORKLOADS = ("train", "forward", "mask", "compiled", "gpt2")
 DESCRIBED = {"train": "tiny GPT, forward + backward + AdamW",
              "forward": "tiny GPT, forward under no_grad",
              "mask": "tiny BERT (transformers, SDPA), forward under no_grad, padding mask",
-             "compiled": "4-block MLP compiled by inductor, forward + backward"}
+             "compiled": "4-block MLP compiled by inductor, forward + backward",
+             "gpt2": "always_on.py's transformers GPT-2, forward + backward + AdamW"}
 ENV = {"PYTHONHASHSEED": "0", "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
 
 
@@ -175,6 +177,12 @@ def _workload(kind: str):
             model.zero_grad(set_to_none=True)
 
         return model, step
+    if kind == "gpt2":  # the logger's step of always_on.py, whose clock ratio issue 42 sets
+        from always_on import models, training_step
+
+        torch.set_num_threads(1)
+        model = models()["GPT-2"].train()
+        return model, training_step(model)
     if kind == "mask":
         from transformers import BertConfig, BertModel
 

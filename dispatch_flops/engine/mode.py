@@ -455,6 +455,10 @@ class CountingMode(TorchDispatchMode):
                 caller = sys._getframe(1)
                 if state.recomputing or caller not in state.in_step:
                     self._recheck(caller)
+                replay = state.replay
+                if replay is not None:  # a step replayed: its calls are known by overload
+                    replay[key] = replay.get(key, 0) + 1  # (engine.step_replay)
+                    return out
             acc = state.forward_acc
             if state.p2p_tags and resolved.category is _COMMUNICATION:  # see p2p_tags
                 acc = state.take_tag(args, acc)

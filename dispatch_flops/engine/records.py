@@ -170,7 +170,8 @@ class EngineCache:
     none of it; a registration (or a change to ``ELEMENT_COSTS``, which formulas read) bumps
     a version, and the next counter starts a new cache."""
 
-    __slots__ = ("version", "resolutions", "signatures", "ledgers", "logical", "__weakref__")
+    __slots__ = ("version", "resolutions", "signatures", "ledgers", "logical", "steps",
+                 "__weakref__")
 
     def __init__(self, version: tuple):
         self.version = version
@@ -180,6 +181,8 @@ class EngineCache:
         self.ledgers: dict = {}  # id(model) -> (weakref to model, Ledger)
         # {logical call key: (Signature or None, output elements)}, an LRU too
         self.logical: OrderedDict = OrderedDict()
+        # {optimizer, weakly: engine.step_replay.Learned}: what its steps count
+        self.steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 _CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -14,6 +14,9 @@ part                                   written by                      through
 ``recomputing``, ``recompute_home``    the tracker (checkpointing)     ``_push_recompute``
 ``stepping``, ``in_step``              the tracker; the mode's         ``watch_steps``
                                        rechecks
+``replay``                             the tracker (a step replayed:   ``StepReplay``
+                                       engine.step_replay); the mode
+                                       counts overloads into it
 ``last``                               the mode (hot path)             ``forget_node``
 ``p2p_tags``, ``pipeline``             workflows (pipeline stages);    ``tag_transfer``,
                                        the mode uses tags up           ``note_pipeline``
@@ -48,8 +51,8 @@ class CountingState:
     """
 
     __slots__ = ("ledger", "records", "forward_acc", "boundary_seqs", "boundary_frames",
-                 "last", "recomputing", "recompute_home", "stepping", "in_step", "p2p_tags",
-                 "pipeline")
+                 "last", "recomputing", "recompute_home", "stepping", "in_step", "replay",
+                 "p2p_tags", "pipeline")
 
     def __init__(self, ledger: Optional[Ledger] = None):
         self.ledger = ledger
@@ -70,6 +73,8 @@ class CountingState:
         self.recompute_home: tuple = (None, root)
         self.stepping = False  # the innermost optimizer step counts (see CountingMode._recheck)
         self.in_step: tuple = ()  # Python frames seen running inside that step
+        # while an optimizer step is replayed (engine.step_replay): {id(overload): calls}
+        self.replay: Optional[dict] = None
         # point-to-point transfers a workflow told apart before they run (pipeline stages):
         # {id(tensor): (tensor, accumulator)}, each transfer counted into that accumulator
         self.p2p_tags: dict = {}

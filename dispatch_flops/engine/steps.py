@@ -15,6 +15,7 @@ from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
 if TYPE_CHECKING:
     from dispatch_flops.engine.ledger import Frame
     from dispatch_flops.engine.state import CountingState
+    from dispatch_flops.engine.step_replay import StepReplay
 
 _getframe = sys._getframe
 _get_ident = threading.get_ident
@@ -58,6 +59,7 @@ class OptimizerSteps:
     root: Frame
     _steps: list
     _recompute_depth: int
+    _replay: Optional[StepReplay]
 
     if TYPE_CHECKING:
         def _aim(self, phase_changed: bool = False) -> None: ...
@@ -77,6 +79,8 @@ class OptimizerSteps:
             if "closure" in kwargs:
                 return args, {**kwargs, "closure": wrapped}
             return tuple(args[:1]) + (wrapped,) + tuple(args[2:]), kwargs
+        if self._replay is not None and len(self._steps) == 1:  # the outermost step
+            self._replay.begin(optimizer)
         return None
 
     def _outside_the_step(self, closure):
@@ -103,6 +107,8 @@ class OptimizerSteps:
             return  # not a step this counter saw begin
         while steps.pop() is not step:
             pass  # steps inside it that raised
+        if not steps and self._replay is not None:
+            self._replay.end(optimizer)
         self._step_phase()
         if not steps and not self._recompute_depth:
             # a step is over: the graphs its backward ran are gone, and with them every node
@@ -143,6 +149,8 @@ class OptimizerSteps:
             return
         while steps and steps[-1] is not CLOSURE and not running(steps[-1], start):
             steps.pop()
+        if not steps and self._replay is not None:
+            self._replay.abort()
         self._step_phase()
 
     def _step_phase(self) -> None:

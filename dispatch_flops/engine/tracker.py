@@ -42,7 +42,9 @@ from dispatch_flops.engine.ledger import (  # noqa: F401  (Frame, Ledger: their 
     phase_of,
 )
 from dispatch_flops.engine.model_cache import ModelFacts, facts_of
+from dispatch_flops.engine.records import engine_cache
 from dispatch_flops.engine.skip import SKIP_FRAMES
+from dispatch_flops.engine.step_replay import StepReplay
 from dispatch_flops.engine.steps import CLOSURE, OptimizerSteps, running, suspendable
 from dispatch_flops.engine.timing import Timer
 from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
@@ -204,6 +206,10 @@ class ModuleTracker(OptimizerSteps):
         # step() (its frame runs exactly as long as the step), ``CLOSURE`` where a step runs
         # the closure it was given (see _outside_the_step)
         self._steps: list = []
+        # steps counted once then replayed (engine.step_replay): not when timing, nor for a
+        # block a generator owns
+        self._replay: Optional[StepReplay] = StepReplay(mode, state, engine_cache(
+            mode.registry)) if timer is None and guard is None else None
         # told of module calls when the counter watches saved activations (``watch_saved``)
         self._saved: Optional[SavedActivations] = None
         # what the compiled graphs run under this counter did (``compiled.GraphRuns``):
@@ -284,6 +290,8 @@ class ModuleTracker(OptimizerSteps):
             self.ledger.retire()
             return
         self._steps.clear()  # a step the block ended in: its frame is not kept alive
+        if self._replay is not None:
+            self._replay.abort()
         self.state.watch_steps(False)
         self.mode.unbind()
         if self.shared:
