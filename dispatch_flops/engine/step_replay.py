@@ -49,7 +49,7 @@ REPLAYED = frozenset(
 
 _PARAMETER = torch.nn.Parameter
 _STRIDED = torch.strided
-_TENSOR = object()  # in a key: a tensor's shape, dtype, device and contiguity follow
+_TENSOR = object()  # in a key: a tensor's shape and dtype follow
 _SCALARS = (int, bool, str, type(None))
 
 # hooks that run between a counter's step hooks (registered after its pre-hook, before its
@@ -92,9 +92,22 @@ def _value_key(v):
         return v
     if cls is tuple or cls is list:
         return tuple([_value_key(x) for x in v])
-    if cls is Tensor or cls is _PARAMETER:
-        return (_TENSOR, v.shape, v.dtype, v.device, v.is_contiguous())
+    if cls is Tensor or cls is _PARAMETER:  # the device is the parameter's (see step_key)
+        return (_TENSOR, v.shape, v.dtype)
     return cls
+
+
+def _state_key(kept: dict) -> tuple:
+    """A parameter's optimizer state as its step's ops see it: each entry's name and, for a
+    tensor, its dtype (a built-in optimizer makes its state tensors like the parameter, and
+    ``load_state_dict`` casts them to it: their shape and device are the parameter's, keyed
+    once; the step count's scalar tensor is a float32 where ``capturable``, in the key, does
+    not put it on the device); a number by ``_value_key``. Read at every step: kept cheap."""
+    key: list = []
+    for name, value in kept.items():
+        key.append(name)
+        key.append(value.dtype if value.__class__ is Tensor else _value_key(value))
+    return tuple(key)
 
 
 def _only_counters_hook(optimizer) -> bool:
@@ -138,11 +151,12 @@ def step_key(optimizer) -> Optional[tuple]:
             if grad.__class__ is not Tensor or grad.layout is not _STRIDED:
                 return None
             kept = state.get(p)
-            # the device too: torch picks the foreach or fused path by it
+            # the parameter's device too (torch picks the foreach or fused path by it): its
+            # gradient's is the same, and its state's is set by the flags keyed above
+            # (capturable, fused) and follows the parameter when the state is loaded
             parts.append((p.shape, p.dtype, p.device, p.is_contiguous(), grad.shape,
-                          grad.dtype, grad.device, grad.is_contiguous(),
-                          tuple([(k, _value_key(v)) for k, v in kept.items()]) if kept
-                          else None))
+                          grad.dtype, grad.is_contiguous(),
+                          _state_key(kept) if kept else None))
     return tuple(parts)
 
 
