@@ -256,3 +256,65 @@ def test_a_replayed_step_that_raises_leaves_counting_as_it_was(replays, monkeypa
     with FlopCounter(model) as fc:
         optimizer.step()
     assert len(replays) == 2
+
+
+def test_nested_counters_each_count_the_steps_as_in_full(replays):
+    """Two counters open over the same steps (the inner one fresh each step) both count
+    what full counting counts; each replays on its own."""
+    def run(enabled: bool) -> list:
+        step_replay.ENABLED = enabled
+        try:
+            model = _model()
+            optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+            x = torch.randn(5, 6)
+            inner = []
+            with FlopCounter(model) as outer:
+                for _ in range(6):
+                    model(x).sum().backward()
+                    with FlopCounter() as fc:
+                        optimizer.step()
+                    optimizer.zero_grad()
+                    inner.append(_figures(fc))
+            return [_figures(outer)] + inner
+        finally:
+            step_replay.ENABLED = True
+
+    full = run(False)
+    assert not replays
+    assert run(True) == full
+    # what is learned is kept per optimizer, for every counter: both learn from steps 0-1 and
+    # replay steps 2-5
+    assert len(replays) == 8
+
+
+@pytest.mark.slow
+def test_a_compiled_step_counts_what_full_counting_counts(replays):
+    """``torch.compile`` of a function calling ``optimizer.step()``: the graph adds its
+    counts whole; the replay never adds them again."""
+    def run(enabled: bool) -> list:
+        step_replay.ENABLED = enabled
+        try:
+            torch._dynamo.reset()
+            model = _model()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+
+            @torch.compile
+            def step():
+                optimizer.step()
+
+            x = torch.randn(5, 6)
+            out = []
+            for _ in range(5):
+                model(x).sum().backward()
+                with FlopCounter(model) as fc:
+                    step()
+                optimizer.zero_grad()
+                out.append(_figures(fc))
+            return out
+        finally:
+            step_replay.ENABLED = True
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no replay warning either
+        warnings.filterwarnings("ignore", message=".*record function.*")
+        assert run(True) == run(False)

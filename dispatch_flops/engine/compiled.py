@@ -236,6 +236,7 @@ class Graph:
         timed = []
         for _mode, tracker, priced in runs:
             priced.adds.add()
+            tracker.graph_calls += 1  # an optimizer step that runs one is not replayed
             for tally in priced.forward_tallies:
                 tally(args)
             graphs = tracker.graph_runs

@@ -19,6 +19,8 @@ its own or global step hooks other than counters' (their ops would run inside th
 any step whose ops made records that read masks or went elsewhere than the step's own
 accumulator.
 A replayed step that raises counts none of its ops (a step counted in full counts those run).
+A step that runs a compiled graph (``torch.compile`` of the step) is not learned: the graph adds
+its counts itself.
 
 ``ENABLED = False`` counts every step in full.
 """
@@ -58,9 +60,13 @@ _GLOBAL_HOOKS = ("torch.optim.optimizer._global_optimizer_pre_hooks",
                  "torch.optim.optimizer._global_optimizer_post_hooks")
 
 _DIFFERENT = (
-    "dispatch_flops: an {name} step ran other ops than the steps its counts were learned "
-    "from ({diff}); this step is counted as those were, and its steps are counted in full "
-    "from now on")
+    "dispatch_flops: {name}.step() ran other ops than the steps its counts were learned from "
+    "({diff}); this step is counted as those were, and its steps are counted in full from "
+    "now on")
+_COMPILED = (
+    "dispatch_flops: {name}.step() ran a compiled graph where its steps so far ran eagerly: "
+    "the graph's counts are added, its other ops this step are not; its steps are counted in "
+    "full from now on")
 
 
 class Learned:
@@ -166,12 +172,12 @@ class StepReplay:
     engine cache (``cache.steps``: {optimizer, weakly: Learned}), shared by every counter on
     the same registry version: a registration prices signatures anew."""
 
-    __slots__ = ("mode", "state", "learned", "resolutions", "step", "key", "acc", "before",
-                 "replaying")
+    __slots__ = ("tracker", "state", "learned", "resolutions", "step", "key", "acc", "before",
+                 "graph_calls", "replaying")
 
-    def __init__(self, mode, state, cache):
-        self.mode = mode  # replays only while it runs ops itself, untimed (no runner)
-        self.state = state
+    def __init__(self, tracker, cache):
+        self.tracker = tracker  # its mode replays only while it runs ops itself, untimed
+        self.state = tracker.state
         self.learned: weakref.WeakKeyDictionary = cache.steps
         self.resolutions: dict = cache.resolutions  # to name overloads in a warning
         self.step = None  # the optimizer whose step is being learned or replayed
@@ -183,7 +189,7 @@ class StepReplay:
     def begin(self, optimizer) -> None:
         """A step of ``optimizer`` starts (the outermost, with no closure, on a counter that
         may replay): replay it if its key's counts are known, else note the counts before."""
-        mode = self.mode
+        mode = self.tracker.mode
         key = step_key(optimizer) if ENABLED and mode.runner is None and \
             not mode.guarded else None
         if key is None:
@@ -191,6 +197,9 @@ class StepReplay:
         state = self.state
         acc = state.forward_acc
         self.step, self.key, self.acc = optimizer, key, acc
+        # a compiled graph adds its counts whole, outside the per-op path: a step that runs
+        # one is not learned, and a replay that meets one is not added to
+        self.graph_calls = self.tracker.graph_calls
         known = self.learned.get(optimizer)
         if known is not None and known.confirmed and not known.off and known.key == key:
             self.replaying = known
@@ -205,16 +214,18 @@ class StepReplay:
         state = self.state
         acc, learned = self.acc, self.replaying
         assert acc is not None
+        graphs = self.tracker.graph_calls != self.graph_calls
         if learned is not None:
             seen = state.replay
             state.replay = None
-            if seen != learned.funcs:
+            if seen != learned.funcs or graphs:
                 learned.off = True
-                warnings.warn(_DIFFERENT.format(name=type(optimizer).__name__,
-                                                diff=self._difference(seen or {}, learned.funcs)),
-                              stacklevel=3)
-            self._add(acc, learned.totals)
-        elif self.before is not None and state.forward_acc is acc:
+                name = type(optimizer).__name__
+                warnings.warn(_COMPILED.format(name=name) if graphs else _DIFFERENT.format(
+                    name=name, diff=self._difference(seen or {}, learned.funcs)), stacklevel=3)
+            if not graphs:  # the graph added its own counts
+                self._add(acc, learned.totals)
+        elif self.before is not None and state.forward_acc is acc and not graphs:
             self._learn(optimizer, acc)
         self._forget()
 
@@ -225,6 +236,7 @@ class StepReplay:
 
     def _forget(self) -> None:
         self.step = self.key = self.acc = self.before = self.replaying = None
+        self.graph_calls = 0
 
     def _learn(self, optimizer, acc: dict) -> None:
         before = self.before

@@ -163,9 +163,9 @@ class ModuleTracker(OptimizerSteps):
 
     What the rest of the engine reads, as attributes: ``current`` (the running frame),
     ``root`` (the root's frame), ``ledger``, ``state``, ``root_calls``, ``every_module``,
-    ``model``, ``mode``, ``timer``, ``thread``, ``shared`` and ``graph_runs``. The module
-    facts of a result are read from it by ``engine.module_facts``; saved activations are counted by
-    ``engine.saved``.
+    ``model``, ``mode``, ``timer``, ``thread``, ``shared``, ``graph_runs`` and
+    ``graph_calls``. The module facts of a result are read from it by
+    ``engine.module_facts``; saved activations are counted by ``engine.saved``.
     """
 
     def __init__(self, model: Optional[nn.Module], mode: CountingMode, state: CountingState,
@@ -208,13 +208,14 @@ class ModuleTracker(OptimizerSteps):
         self._steps: list = []
         # steps counted once then replayed (engine.step_replay): not when timing, nor for a
         # block a generator owns
-        self._replay: Optional[StepReplay] = StepReplay(mode, state, engine_cache(
+        self._replay: Optional[StepReplay] = StepReplay(self, engine_cache(
             mode.registry)) if timer is None and guard is None else None
         # told of module calls when the counter watches saved activations (``watch_saved``)
         self._saved: Optional[SavedActivations] = None
         # what the compiled graphs run under this counter did (``compiled.GraphRuns``):
         # made by the first one that runs
         self.graph_runs: Optional[GraphRuns] = None
+        self.graph_calls = 0  # compiled graph calls that added their counts whole
         self._recompute_depth = 0  # module calls running inside backward (checkpointing)
         self._resume = self.root  # the frame to go back to when recomputing ends
         self._phase = FORWARD_I  # phase_of the tracker's state, asked when the state changes
