@@ -176,7 +176,9 @@ class StepReplay:
                  "graph_calls", "replaying")
 
     def __init__(self, tracker, cache):
-        self.tracker = tracker  # its mode replays only while it runs ops itself, untimed
+        # its mode replays only while it runs ops itself, untimed; weakly: the tracker keeps
+        # this, and a cycle would keep the model alive until the cyclic collector ran
+        self.tracker = weakref.ref(tracker)
         self.state = tracker.state
         self.learned: weakref.WeakKeyDictionary = cache.steps
         self.resolutions: dict = cache.resolutions  # to name overloads in a warning
@@ -189,9 +191,11 @@ class StepReplay:
     def begin(self, optimizer) -> None:
         """A step of ``optimizer`` starts (the outermost, with no closure, on a counter that
         may replay): replay it if its key's counts are known, else note the counts before."""
-        mode = self.tracker.mode
-        key = step_key(optimizer) if ENABLED and mode.runner is None and \
-            not mode.guarded else None
+        tracker = self.tracker()
+        if tracker is None or not ENABLED or tracker.mode.runner is not None or \
+                tracker.mode.guarded:
+            return
+        key = step_key(optimizer)
         if key is None:
             return
         state = self.state
@@ -199,7 +203,7 @@ class StepReplay:
         self.step, self.key, self.acc = optimizer, key, acc
         # a compiled graph adds its counts whole, outside the per-op path: a step that runs
         # one is not learned, and a replay that meets one is not added to
-        self.graph_calls = self.tracker.graph_calls
+        self.graph_calls = tracker.graph_calls
         known = self.learned.get(optimizer)
         if known is not None and known.confirmed and not known.off and known.key == key:
             self.replaying = known
@@ -214,7 +218,8 @@ class StepReplay:
         state = self.state
         acc, learned = self.acc, self.replaying
         assert acc is not None
-        graphs = self.tracker.graph_calls != self.graph_calls
+        tracker = self.tracker()
+        graphs = tracker is None or tracker.graph_calls != self.graph_calls
         if learned is not None:
             seen = state.replay
             state.replay = None
