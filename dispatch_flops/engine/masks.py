@@ -986,9 +986,12 @@ def _mul_tally(rec, args, kwargs, out) -> None:
     result = out[0] if out.__class__ is tuple else out
     paired = None  # the masked count of an argument paired with the result's numel
     noise = False
+    size = -1  # the result's numel, read once an argument needs it
     for a in args[:2]:
         cls = a.__class__
-        if cls is not Tensor and cls is not _PARAMETER:  # a number; a subclass, as before
+        if cls is not Tensor and cls is not _PARAMETER:  # a subclass: as the two tallies do
+            if not isinstance(a, Tensor):  # a number: neither
+                continue
             if paired is None and _PAIRED and isinstance(result, Tensor):
                 masked = _paired(a)
                 if masked is not None and a.numel() == result.numel():
@@ -999,13 +1002,14 @@ def _mul_tally(rec, args, kwargs, out) -> None:
         if n not in _PAIRED_NUMELS and n not in _NOISE_NUMELS or a.layout is not _STRIDED:
             continue
         key = a.untyped_storage()._cdata
-        if paired is None and n == result.numel():  # backward: g_s cast to a half dtype
-            found = _PAIRED.get(key)
-            if found is not None and found[1] == n and found[0]() is not None:
+        if paired is None and (found := _PAIRED.get(key)) is not None:
+            if size < 0:
+                size = result.numel()
+            # backward: g_s cast to a half dtype
+            if n == size and found[1] == n and found[0]() is not None:
                 paired = found[2]
-        if not noise and not a.is_nested:
-            found = _NOISE.get(key)
-            noise = found is not None and found[1] == n and found[0]() is not None
+        if not noise and (found := _NOISE.get(key)) is not None:
+            noise = found[1] == n and found[0]() is not None and not a.is_nested
     if paired is not None:
         _pair(result, paired, forward=False)
     if noise:
