@@ -36,6 +36,8 @@ from dispatch_flops.formulas import ELEMENT_COSTS
 from dispatch_flops.formulas.attention import recomputed_rates
 
 TALLY = 3  # a record's fourth slot, present on the records of ops that read masks
+_PARAMETER = torch.nn.Parameter
+_STRIDED = torch.strided
 
 
 class Tally:
@@ -99,10 +101,21 @@ def _int(n) -> int:
     return int(n.item()) if isinstance(n, Tensor) else int(n)
 
 
+# ops on plain tensors that no mode (ours or one below) and no autograd sees: the count of a
+# mask's values. Two C++ guards: popping and pushing back every mode on the stack
+# (``disable_current_modes``) and ``no_grad`` cost more than the count's two ops
+_NO_DISPATCH = torch._C._DisableTorchDispatch
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
+
+
 def has_values(t) -> bool:
     """Whether ``t`` holds values that can be read (a plain tensor, not fake, not meta)."""
-    return type(t) is Tensor and t.device.type != "meta" or \
-        isinstance(t, torch.nn.Parameter) and t.device.type != "meta"
+    # classes by identity first: a parameter's isinstance is a Python __instancecheck__, and
+    # is_meta a flag where device.type builds a device object
+    cls = t.__class__
+    if cls is Tensor or cls is _PARAMETER:
+        return not t.is_meta
+    return isinstance(t, _PARAMETER) and not t.is_meta
 
 
 def rates(q, k, v, backward: bool, masked: bool) -> tuple[int, int]:
@@ -212,7 +225,7 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
             FAKE_PRICING[-1].tallies.append(InputMasks(found, recipe, total, qs[2], ks[-2],
                                                        causal, backward))
             return
-        with _disable_current_modes(), torch.no_grad():
+        with _NO_DISPATCH(), _BELOW_AUTOGRAD():
             keeps = causal_keeps(qs[2], ks[-2], mask.device, causal == 2) if causal else None
             found.add(masked_in(mask, total, keeps))
 
@@ -253,6 +266,13 @@ _EAGER = _Eager()
 _PAIRED: dict = {}  # storage pointer -> (the storage's weakref, numel, masked count)
 _PAIRED_PURGE = 1024  # past this many, entries of freed tensors are dropped
 _PAIRED_LOCK = threading.Lock()
+# The numels of ``_PAIRED``'s and ``_NOISE``'s entries, freed ones' too until a purge: an entry
+# matches only a tensor of its numel, so a tensor whose numel is not here is none of them, found
+# without reading its storage (the common case: a mul of activations, of a scalar). Added to
+# before the entry itself and rebuilt only from the entries a purge keeps, under the lock: a
+# superset of the live entries' numels at every moment, for every thread.
+_PAIRED_NUMELS: set = set()
+_NOISE_NUMELS: set = set()
 
 
 def _pair(t: Tensor, masked, forward: bool = True, math: Optional[tuple] = None) -> None:
@@ -262,27 +282,36 @@ def _pair(t: Tensor, masked, forward: bool = True, math: Optional[tuple] = None)
     matches; autograd saves an output as another tensor on the same storage). ``math``: the
     probabilities of SDPA's math decomposition, what its backward's element-wise work needs
     (``_math_backward_extra``)."""
+    global _PAIRED_NUMELS
     if forward and not torch.is_grad_enabled():
         return
+    n = t.numel()
     with _PAIRED_LOCK:
         if len(_PAIRED) >= _PAIRED_PURGE:
-            for ptr in [p for p, e in _PAIRED.items() if e[0]() is None]:
-                del _PAIRED[ptr]
-            while len(_PAIRED) >= 4 * _PAIRED_PURGE:
-                del _PAIRED[next(iter(_PAIRED))]
+            _purge(_PAIRED)
+            _PAIRED_NUMELS = {e[1] for e in _PAIRED.values()}
         storage = t.untyped_storage()
         was = _PAIRED.get(storage._cdata)
-        if math is None and was is not None and was[0]() is storage and was[1] == t.numel():
+        if math is None and was is not None and was[0]() is storage and was[1] == n:
             math = was[3]  # the probabilities noted again by their consumer: still math's
-        _PAIRED[storage._cdata] = (weakref.ref(storage), t.numel(), masked, math)
+        _PAIRED_NUMELS.add(n)
+        _PAIRED[storage._cdata] = (weakref.ref(storage), n, masked, math)
+
+
+def _purge(entries: dict) -> None:
+    """Drop ``entries`` of freed storages, then the oldest while there are too many."""
+    for ptr in [p for p, e in entries.items() if e[0]() is None]:
+        del entries[ptr]
+    while len(entries) >= 4 * _PAIRED_PURGE:
+        del entries[next(iter(entries))]
 
 
 def _paired_entry(t) -> Optional[tuple]:
     """``t``'s entry in ``_PAIRED`` (weakref, numel, masked count, math) if its storage holds
     masked-zero pairs of its size, else None."""
-    if not _PAIRED or not isinstance(t, Tensor) or not _traced(t):
+    if not _PAIRED or not _traced(t) or t.numel() not in _PAIRED_NUMELS:
         return None
-    found = _PAIRED.get(_storage(t))
+    found = _PAIRED.get(t.untyped_storage()._cdata)
     if found is None or found[1] != t.numel() or found[0]() is None:
         return None
     return found
@@ -316,21 +345,24 @@ def _storage(t: Tensor) -> int:
 
 def _bmm_tally(rec, args, kwargs, out) -> None:
     a, b = args[0], args[1]
+    eager = _EAGER  # one global load; its attributes are this thread's
     if not _traced(a) or a.dim() != 3:
-        _EAGER.scores = None
+        eager.scores = None
         return
-    probs = _EAGER.probs
-    if probs is not None and a.numel() == probs[1] and _storage(a) in probs[0]:
-        _EAGER.probs = None
+    shape, n = a.shape, a.numel()
+    probs = eager.probs
+    if probs is not None and n == probs[1] and _storage(a) in probs[0]:
+        eager.probs = None
         d_v = b.shape[-1]
         _charge(rec, (2 * d_v, d_v), probs[2])
         _pair(a, probs[2])  # saved for backward, where grad_v = pᵀ·g reads it
-    elif (masked := _paired(a)) is not None:  # pᵀ·g, g_s·k: a's rows meet b's columns
-        _charge(rec, (2 * b.shape[-1], b.shape[-1]), masked)
-    elif (masked := _paired(b)) is not None:  # qᵀ·g_s
-        _charge(rec, (2 * a.shape[-2], a.shape[-2]), masked)
-    _EAGER.scores = (rec, out.numel(), out.shape[-1], a.shape[-1])
-    _EAGER.recent = [_EAGER.scores] + _EAGER.recent[:2]
+    elif _PAIRED and n in _PAIRED_NUMELS and (masked := _paired(a)) is not None:
+        _charge(rec, (2 * b.shape[-1], b.shape[-1]), masked)  # pᵀ·g, g_s·k: a's rows, b's columns
+    elif _PAIRED and (masked := _paired(b)) is not None:  # qᵀ·g_s
+        _charge(rec, (2 * shape[-2], shape[-2]), masked)
+    made = out.shape
+    eager.scores = scores = (rec, out.numel(), made[-1], shape[-1])
+    eager.recent = [scores] + eager.recent[:2]
 
 
 def _softmax_backward_tally(rec, args, kwargs, out) -> None:
@@ -386,19 +418,20 @@ def _softmax_tally(rec, args, kwargs, out, math: bool = False) -> None:
             _pair(out, per_run)
         _EAGER.probs = ((_storage(out),), out.numel(), per_run)
         return
-    masked = None
+    masked: Any = None  # an int, or (off the CPU) a 0-d device tensor
     if known is None:
         if _UNVALUED.get(x) is not None:  # scores plus a mask nobody knows
             _charge(rec, (1, 0), 0)
             rec[TALLY].unvalued += 1
     else:
-        with _disable_current_modes(), torch.no_grad():
-            masked = (known <= MASKED_AT_MOST).sum()
+        with _NO_DISPATCH(), _BELOW_AUTOGRAD():
+            masked = torch.count_nonzero(known <= MASKED_AT_MOST)  # cheaper than a bool sum
+            if masked.is_cpu:  # read now: the figures below are ints, not tensor ops
+                masked = int(masked)
     if math:
         causal = causal is not None and tuple(causal) == tuple(x.shape[-2:])
         _math_forward(rec, x, out, scores[3], 0 if masked is None else masked, causal)
-    if masked is None or not isinstance(masked, Tensor) or \
-            masked.device.type == "cpu" and not int(masked):
+    if masked is None or masked.__class__ is int and not masked:
         return
     _charge(scores[0], (2 * scores[3], scores[3]), masked)
     if not math:
@@ -522,9 +555,11 @@ def _follow_probs(rec, args, kwargs, out) -> None:
     decomposition multiplies them by its own dropout mask): their consumer may read its
     output."""
     probs = _EAGER.probs
-    result = out[0] if isinstance(out, tuple) else out
+    result = out[0] if out.__class__ is tuple else out
     if probs is None:
-        if _PAIRED and isinstance(result, Tensor):  # backward: g_s cast to a half dtype
+        # backward: g_s cast to a half dtype (an argument paired has the result's numel: a
+        # result of no paired numel has no such argument)
+        if _PAIRED and isinstance(result, Tensor) and result.numel() in _PAIRED_NUMELS:
             for a in args[:2]:
                 masked = _paired(a)
                 if masked is not None and a.numel() == result.numel():
@@ -606,12 +641,16 @@ def _valueless(t: Tensor) -> bool:
     return t.is_meta or bool(FAKE_PRICING) and isinstance(t, _FAKE)
 
 
-def _traced(t: Tensor) -> bool:
+def _traced(t) -> bool:
     """Whether ``t``'s storage can be followed: a strided tensor with values, or without
     values (meta, fake)."""
-    return (type(t) is Tensor or isinstance(t, torch.nn.Parameter) or
-            bool(FAKE_PRICING) and isinstance(t, _FAKE)) and \
-        t.layout is torch.strided and (_valueless(t) or has_values(t))
+    # a plain tensor or a parameter has values or is meta: either is followed; classes by
+    # identity first (isinstance of a parameter is a Python __instancecheck__)
+    cls = t.__class__
+    if not (cls is Tensor or cls is _PARAMETER or isinstance(t, _PARAMETER) or
+            FAKE_PRICING and isinstance(t, _FAKE)):
+        return False
+    return t.layout is _STRIDED
 
 
 def _on_cpu(v, found: list):
@@ -888,15 +927,15 @@ def _noise_drawn(rec, args, kwargs, out) -> None:
     noise = args[0]
     if not _noisy(noise):
         return
+    global _NOISE_NUMELS
     n = noise.numel()
     _charge(rec, (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"], 0), n)
     with _PAIRED_LOCK:
         if len(_NOISE) >= _PAIRED_PURGE:
-            for ptr in [p for p, e in _NOISE.items() if e[0]() is None]:
-                del _NOISE[ptr]
-            while len(_NOISE) >= 4 * _PAIRED_PURGE:
-                del _NOISE[next(iter(_NOISE))]
+            _purge(_NOISE)
+            _NOISE_NUMELS = {e[1] for e in _NOISE.values()}
         storage = noise.untyped_storage()
+        _NOISE_NUMELS.add(n)
         _NOISE[storage._cdata] = (weakref.ref(storage), n)
 
 
@@ -905,32 +944,76 @@ def _noisy(t) -> bool:
     decomposition is counted on fake tensors: their storages are followed too)."""
     # is_nested first: a jagged tensor answers ``layout`` through dispatch, where a mode below
     # the counter would see a ``prim.layout`` the user never ran (is_nested is read in C)
-    return isinstance(t, Tensor) and not t.is_nested and t.layout is torch.strided
+    return (t.__class__ is Tensor or isinstance(t, Tensor)) and not t.is_nested and \
+        t.layout is _STRIDED
 
 
 def _is_noise(t) -> bool:
-    if not _noisy(t):
+    # no storage read for a tensor of no noise's size
+    if not _noisy(t) or t.numel() not in _NOISE_NUMELS:
         return False
-    found = _NOISE.get(_storage(t))
+    found = _NOISE.get(t.untyped_storage()._cdata)
     return found is not None and found[1] == t.numel() and found[0]() is not None
 
 
 def _noise_used(cost: str) -> Callable:
     """``noise / (1 - p)``, ``x * noise``, ``grad * noise``: dropout's, hardware only."""
+    rate = (ELEMENT_COSTS[cost], 0)
+
     def tally(rec, args, kwargs, out) -> None:
         if _NOISE and (_is_noise(args[0]) or len(args) > 1 and _is_noise(args[1])):
             result = out[0] if isinstance(out, tuple) else out
-            _charge(rec, (ELEMENT_COSTS[cost], 0), result.numel())
+            _charge(rec, rate, result.numel())
 
     return tally
 
 
-def _both(first: Callable, then: Callable) -> Callable:
-    def tally(rec, args, kwargs, out) -> None:
-        first(rec, args, kwargs, out)
-        then(rec, args, kwargs, out)
+_mul_noise = _noise_used("mul")
+_MUL_RATE = (ELEMENT_COSTS["mul"], 0)
 
-    return tally
+
+def _mul_tally(rec, args, kwargs, out) -> None:
+    """``mul.Tensor``, the commonest op a tally sees: ``_follow_probs`` and dropout's
+    ``x * noise`` (``_noise_used``) in one pass over the arguments, each one's numel read once
+    and its storage only where that numel is a paired tensor's or a noise's."""
+    if _EAGER.probs is not None:  # right after a masked softmax: its products followed
+        _follow_probs(rec, args, kwargs, out)
+        if _NOISE:
+            _mul_noise(rec, args, kwargs, out)
+        return
+    if not _PAIRED and not _NOISE:
+        return
+    result = out[0] if out.__class__ is tuple else out
+    paired = None  # the masked count of an argument paired with the result's numel
+    noise = False
+    size = -1  # the result's numel, read once an argument needs it
+    for a in args[:2]:
+        cls = a.__class__
+        if cls is not Tensor and cls is not _PARAMETER:  # a subclass: as the two tallies do
+            if not isinstance(a, Tensor):  # a number: neither
+                continue
+            if paired is None and _PAIRED and isinstance(result, Tensor):
+                masked = _paired(a)
+                if masked is not None and a.numel() == result.numel():
+                    paired = masked
+            noise = noise or bool(_NOISE) and _is_noise(a)
+            continue
+        n = a.numel()
+        if n not in _PAIRED_NUMELS and n not in _NOISE_NUMELS or a.layout is not _STRIDED:
+            continue
+        key = a.untyped_storage()._cdata
+        if paired is None and (found := _PAIRED.get(key)) is not None:
+            if size < 0:
+                size = result.numel()
+            # backward: g_s cast to a half dtype
+            if n == size and found[1] == n and found[0]() is not None:
+                paired = found[2]
+        if not noise and (found := _NOISE.get(key)) is not None:
+            noise = found[1] == n and found[0]() is not None and not a.is_nested
+    if paired is not None:
+        _pair(result, paired, forward=False)
+    if noise:
+        _charge(rec, _MUL_RATE, result.numel())
 
 
 def _tallies() -> tuple[dict, dict]:
@@ -967,7 +1050,7 @@ def _tallies() -> tuple[dict, dict]:
     add("_softmax_backward_data", "default", _softmax_backward_tally)
     add("_to_copy", "default", _follow_probs)
     add("native_dropout", "default", _follow_probs)
-    add("mul", "Tensor", _both(_follow_probs, _noise_used("mul")))
+    add("mul", "Tensor", _mul_tally)
     add("bernoulli_", "float", _noise_drawn)
     add("div_", "Scalar", _noise_used("div"))
     for name in _SHADOWED:
