@@ -72,20 +72,25 @@ class Tally:
 def read_all(tallies: list) -> list[tuple[int, int]]:
     """``Tally.read`` of each of ``tallies``, with one copy to the host per device (the
     one read of device counts, when a counter's results are captured)."""
+    # read every step a logger reads (a training step holds dozens: dropout's noise charges):
+    # counts kept on the CPU are ints, read as they are
+    out = [(tally.masked, tally.skipped) for tally in tallies]
+    if all(m.__class__ is int and k.__class__ is int for m, k in out):
+        return out
     on_device: dict = {}  # device -> [(position, slot, tensor)]
-    out = [[0, 0] for _ in tallies]
-    for i, tally in enumerate(tallies):
-        for slot, n in enumerate((tally.masked, tally.skipped)):
+    read = [[0, 0] for _ in tallies]
+    for i, counts in enumerate(out):
+        for slot, n in enumerate(counts):
             if isinstance(n, Tensor):
                 on_device.setdefault(n.device, []).append((i, slot, n))
             else:
-                out[i][slot] = int(n)
+                read[i][slot] = int(n)
     with _disable_current_modes(), torch.no_grad():
         for parts in on_device.values():
             values = torch.stack([t.reshape(()) for _, _, t in parts]).tolist()
             for (i, slot, _), value in zip(parts, values):
-                out[i][slot] = int(value)
-    return [(masked, skipped) for masked, skipped in out]
+                read[i][slot] = int(value)
+    return [(masked, skipped) for masked, skipped in read]
 
 
 def _plus(total, n):
