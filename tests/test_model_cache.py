@@ -160,3 +160,25 @@ def test_identity_is_compared_by_reference_never_by_value():
     dead = ref(nn.Parameter(torch.ones(3)))
     gc.collect()
     assert dead() is None and not model_cache._same((dead,), (ref(a),))
+
+
+def test_gradient_accumulation_follows_a_replaced_parameter():
+    """Each parameter's gradient accumulation goes under its module (the owners' map is kept
+    with the facts): untying the head puts the new weight's accumulation under ``head``,
+    where the tied weight's went under ``embed`` (its first owner)."""
+    def accumulated(profile) -> dict:
+        return {r.module: r.stats.calls for r in profile.records()
+                if r.phase == "backward" and r.operator in ("aten.add_", "aten.detach",
+                                                             "aten.copy_", "aten.clone")}
+
+    model = Tied()
+    _, tied = counted(model)
+    _, again = counted(model)  # the kept map
+    assert accumulated(again) == accumulated(tied)
+    model.head.weight = nn.Parameter(model.embed.weight.detach().clone())
+    _, untied = counted(model)
+    fresh = Tied()  # the oracle: a model built untied, counted once
+    fresh.head.weight = nn.Parameter(fresh.embed.weight.detach().clone())
+    _, built = counted(fresh)
+    assert accumulated(untied) == accumulated(built)
+    assert "head" in accumulated(built) and "head" not in accumulated(tied)

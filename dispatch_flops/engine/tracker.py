@@ -569,14 +569,21 @@ class ModuleTracker(OptimizerSteps):
         """The name of the first module in ``modules()`` holding the parameter whose
         ``id()`` is ``parameter_id``, None for a parameter of none of them."""
         owners = self._param_owner
-        if owners is None:  # asked first (a gradient accumulated): build the map once
-            owners = self._param_owner = {}
-            for module in self._modules:
-                name = self._name_of[id(module)]
-                for p in module._parameters.values():
-                    if p is not None:
-                        owners.setdefault(id(p), name)
+        if owners is None:  # asked first (a gradient accumulated): build the map once,
+            # kept with the model's facts (the same parameters under the same names)
+            facts = self.model_facts
+            owners = self._param_owner = self._owners() if facts is None else \
+                facts.get("parameter_owners", self._owners)
         return owners.get(parameter_id)
+
+    def _owners(self) -> dict[int, str]:
+        owners: dict[int, str] = {}
+        for module in self._modules:
+            name = self._name_of[id(module)]
+            for p in module._parameters.values():
+                if p is not None:
+                    owners.setdefault(id(p), name)
+        return owners
 
     def note_module_frame(self, name: str, frame: Frame) -> None:
         """Module ``name`` ran in ``frame`` (a compiled graph's node did): the frame its
