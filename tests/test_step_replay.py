@@ -146,8 +146,9 @@ def test_what_the_key_holds_changing_counts_in_full(replays):
 
 def test_steps_a_replay_could_get_wrong_are_counted_in_full(replays):
     """A subclass (its own step may branch), a step with a closure, RAdam (branches on the
-    step number), a per-optimizer pre-hook (its ops run inside the step), timing: counted in
-    full every step."""
+    step number), an optimizer's own pre- or post-hook (its ops run inside the step: one
+    that scales the weights every third step counts as in full), timing: counted in full
+    every step."""
     class Mine(torch.optim.SGD):
         pass
 
@@ -159,6 +160,23 @@ def test_steps_a_replay_could_get_wrong_are_counted_in_full(replays):
     for make in (lambda m: Mine(m.parameters(), lr=0.1),
                  lambda m: torch.optim.RAdam(m.parameters()), hooked):
         _train(make, 5, True, True)
+    assert not replays
+
+    def post_hooked(m):  # torch runs it before the global post-hooks: inside the step
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+        steps = []
+
+        def every_third(opt, args, kwargs):
+            steps.append(1)
+            if len(steps) % 3 == 0:
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p.mul_(0.5)
+
+        optimizer.register_step_post_hook(every_third)
+        return optimizer
+
+    assert _train(post_hooked, 7, True, True) == _train(post_hooked, 7, True, False)
     assert not replays
 
     model = _model()

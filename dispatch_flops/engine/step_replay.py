@@ -14,8 +14,8 @@ steps are counted in full from then on.
 Left to full counting: timed counters, meta and guarded (generator) counters, DTensor or other
 tensor-subclass parameters, sparse gradients, a step run with a closure (LBFGS), a step nested
 in another, optimizers outside ``REPLAYED`` (their code may branch on values: RAdam on the step
-number, ASGD on a state value), ``differentiable=True``, an optimizer with step pre-hooks of
-its own or global step hooks other than counters' (their ops would run inside the step), and
+number, ASGD on a state value), ``differentiable=True``, an optimizer with step hooks of its
+own or global step hooks other than counters' (their ops would run inside the step), and
 any step whose ops made records that read masks or went elsewhere than the step's own
 accumulator.
 A replayed step that raises counts none of its ops (a step counted in full counts those run).
@@ -118,9 +118,11 @@ def _state_key(kept: dict) -> tuple:
 
 def _only_counters_hook(optimizer) -> bool:
     """Whether every step hook that runs while a counter replays is a counter's: a hook of
-    the user's (one of this optimizer's pre-hooks, or a global one) may run other ops at
-    each step."""
-    if getattr(optimizer, "_optimizer_step_pre_hooks", None):
+    the user's may run other ops at each step. This optimizer's own hooks all run inside
+    the counter's window (torch runs its pre-hooks after the global ones, its post-hooks
+    before them), a global one may."""
+    if getattr(optimizer, "_optimizer_step_pre_hooks", None) or \
+            getattr(optimizer, "_optimizer_step_post_hooks", None):
         return False
     for name in _GLOBAL_HOOKS:
         hooks = lookup(name)
