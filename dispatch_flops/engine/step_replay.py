@@ -188,6 +188,7 @@ class StepReplay:
         self.key: Optional[tuple] = None
         self.acc: Optional[dict] = None  # the accumulator the step counts into
         self.before: Optional[dict] = None  # learning: each record's calls before the step
+        self.graph_calls = 0  # the tracker's compiled graph calls when the step began
         self.replaying: Optional[Learned] = None
 
     def begin(self, optimizer) -> None:
