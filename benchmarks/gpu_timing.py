@@ -26,10 +26,16 @@ prints each check with its figures:
    kernel launched by hand shown as its ``kernel:<name>`` row with its time; a
    ``torch.compile(mode="reduce-overhead")`` model (CUDA graph replays) shown with its time.
 
+9. with ``--overhead``, issue 42's GPU targets: a fresh counter per host-bound GPT-2-small step
+   (batch 1 x 32), its total read, adds <= 1.25x the host time a do-nothing mode adds; a
+   counted compiled GPU-bound step (GPT 4 layers d512, batch 8 x 512, bf16, forward +
+   backward) <= 1.05x the same step uncounted; both paired in rounds.
+
 Exit status: 0 when every check passes, 1 when one fails, 3 when there is no CUDA device
 (nothing was checked: the script imports and exits cleanly on a CPU-only machine).
 
     python benchmarks/gpu_timing.py [--batch 8] [--seq 512] [--repeat 10] [--steps 200] [--kernels]
+                                    [--overhead]
 """
 
 from __future__ import annotations
@@ -178,6 +184,94 @@ def host_cost_per_op(repeat: int) -> None:
         added = (host[name] - host["eager"]) / ops * 1e6
         print(f"  {name:18s} step {duration(host[name]):>10s} on the host, "
               f"added {added:6.2f} us per op")
+
+
+class _DoNothing(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _paired_ratio(variants: dict, rounds: int, sync: bool) -> dict:
+    """Per round, each variant's seconds (host time, or with ``sync`` wall time to the end of
+    its kernels); {name: [seconds per round]}, the order rotated each round."""
+    names = list(variants)
+    out: dict = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            variants[name]()
+            if sync:
+                torch.cuda.synchronize()
+            out[name].append(time.perf_counter() - start)
+    return out
+
+
+def host_cost_vs_floor(repeat: int) -> bool:
+    """Issue 42 on a GPU: a fresh counter per host-bound GPT-2-small training step (batch 1 x
+    32, bf16), its total read, adds at most 1.25x the host time a do-nothing mode adds; host
+    time per step, paired in rounds, the ratio of added times taken per round."""
+    model, step = training(GPT2_SMALL, 1, 32, "cuda")
+    for _ in range(3):
+        step()
+
+    def counted():
+        with FlopCounter(model) as fc:
+            step()
+        assert fc.total.flops  # a logger's read
+
+    def do_nothing():
+        with _DoNothing():
+            step()
+
+    variants = {"eager": step, "do-nothing mode": do_nothing, "counted + read": counted}
+    for go in variants.values():
+        for _ in range(2):
+            go()
+    with FlopCounter(model) as probe:
+        step()
+    ops = probe.total.calls
+    times = _paired_ratio(variants, max(repeat, 10) * 3, sync=False)
+    eager = times["eager"]
+    added = {name: [t - e for t, e in zip(times[name], eager)] for name in variants}
+    ratio = statistics.median(c / d for c, d in zip(added["counted + read"],
+                                                    added["do-nothing mode"]) if d > 0)
+    floor = statistics.median(added["do-nothing mode"]) / ops * 1e6
+    ours = statistics.median(added["counted + read"]) / ops * 1e6
+    return check("issue 42: host cost of counting <= 1.25x the do-nothing mode's (host-bound "
+                 "GPT-2 small step, fresh counter read each step)", ratio <= 1.25,
+                 f"{ratio:.2f}x ({ours:.2f} vs {floor:.2f} us per op added, {ops} aten ops, "
+                 f"eager step {duration(statistics.median(eager))} on the host)")
+
+
+def compiled_gpu_bound(repeat: int) -> bool:
+    """Issue 42 on a GPU: a counted compiled GPU-bound step (GPT 4 layers d512, batch 8 x 512,
+    bf16, forward + backward, ``torch.compile``) at most 1.05x the same step uncounted; wall
+    time to the end of the step's kernels, paired in rounds."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=4, d_model=512, n_head=8, vocab_size=8192, max_seq_len=512)
+    model = torch.compile(GPT(config).to("cuda", torch.bfloat16))
+    idx = torch.randint(0, config.vocab_size, (8, 512), device="cuda")
+
+    def step():
+        model(idx).float().sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    def counted():
+        with FlopCounter(model):
+            step()
+
+    variants = {"uncounted": step, "counted": counted}
+    for go in variants.values():
+        for _ in range(3):  # compiles, then the counted graph's pricing
+            go()
+    times = _paired_ratio(variants, max(repeat, 10) * 3, sync=True)
+    ratio = statistics.median(c / u for c, u in zip(times["counted"], times["uncounted"]))
+    uncounted, counted_s = (duration(statistics.median(times[name]))
+                            for name in ("uncounted", "counted"))
+    return check("issue 42: a counted compiled GPU-bound step <= 1.05x uncounted",
+                 ratio <= 1.05, f"{ratio:.3f}x (step {uncounted} uncounted, {counted_s} "
+                 f"counted)")
 
 
 def bounded_events(model, step, steps: int) -> bool:
@@ -452,6 +546,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--kernels", action="store_true",
                         help='also check timing="kernels" against torch.profiler')
+    parser.add_argument("--overhead", action="store_true",
+                        help="also check issue 42's GPU targets (host cost of counting, "
+                             "a counted compiled step)")
     args = parser.parse_args()
     for name in ("batch", "seq", "repeat", "steps", "top"):
         if getattr(args, name) < 1:
@@ -487,6 +584,9 @@ def main() -> int:
         ok &= cudnn_attention()
         ok &= raw_triton_kernel()
         ok &= reduce_overhead()
+    if args.overhead:
+        ok &= host_cost_vs_floor(args.repeat)
+        ok &= compiled_gpu_bound(args.repeat)
     return 0 if ok else 1
 
 
