@@ -35,6 +35,17 @@ def eager(model, x, backward=False):
     return fc
 
 
+def captured_counted():
+    """(model, its eager counts, a graph captured from it under a counter on the model)."""
+    model, x = model_and_input()
+    once = eager(model, x)
+    g = StandInGraph()
+    with FlopCounter(model):
+        with graph(g):
+            model(x)
+    return model, once, g
+
+
 def per_module(fc, field="flops"):
     return {name: getattr(stats, field) for name, stats in fc.by_module().items()}
 
@@ -59,12 +70,7 @@ def test_each_replay_adds_the_captured_counts_and_capture_adds_none():
 
 
 def test_a_later_counter_on_the_model_counts_replays_under_the_modules_captured():
-    model, x = model_and_input()
-    once = eager(model, x)
-    g = StandInGraph()
-    with FlopCounter(model):
-        with graph(g):
-            model(x)
+    model, once, g = captured_counted()
     for _ in range(2):  # each a fresh counter: the ledger is shared, then handed on
         with FlopCounter(model) as fc:
             g.replay()
@@ -94,12 +100,7 @@ class Replayer(nn.Module):
 
 
 def test_another_model_or_none_counts_replays_under_the_module_around_them():
-    model, x = model_and_input()
-    once = eager(model, x)
-    g = StandInGraph()
-    with FlopCounter(model):
-        with graph(g):
-            model(x)
+    _, once, g = captured_counted()
     wrapper = Wrapper(g)
     with FlopCounter(wrapper) as fc:
         wrapper()
