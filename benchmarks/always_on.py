@@ -104,21 +104,32 @@ def run(name: str, model, rounds: int, iters: int) -> float:
 
     variants = {"eager": step, "do-nothing mode": under(DoNothing), "counted": counted,
                 "counted + read": counted_read}
-    for go in variants.values():  # warm-up: first-call set-up, optimizer state
+    return timed(model, step, variants, rounds, iters,
+                 f"{name}: {{ops}} aten ops per step, eager step {{eager_ms:.2f}} ms CPU "
+                 f"({rounds} rounds x {iters} steps)", "ms/step")
+
+
+def timed(model, step, variants: dict, rounds: int, iters: int, title: str, unit: str) -> float:
+    """Warm each variant up (first-call set-up, optimizer state), count ``step``'s aten ops,
+    time the variants in paired rounds and print each one's added time against the
+    do-nothing mode's (``title``: a format string of ``ops`` and ``eager_ms``); the
+    counted + read ratio."""
+    for go in variants.values():
         for _ in range(2):
             go()
     with FlopCounter(model) as probe:
         step()
     ops = probe.total.calls
-    timed = Rounds(variants, rounds, iters)
-    print(f"{name}: {ops} aten ops per step, eager step {timed.median('eager') * 1e3:.2f} ms "
-          f"CPU ({rounds} rounds x {iters} steps)")
-    for v in ("do-nothing mode", "counted", "counted + read"):
-        cpu = statistics.median(timed.added(v))
-        print(f"  {v:>16}: added {cpu * 1e3:6.2f} ms/step ({cpu / ops * 1e6:5.2f} us/op), "
-              f"{timed.ratio(v, 'do-nothing mode'):.2f}x the do-nothing mode "
-              f"(wall: {timed.ratio(v, 'do-nothing mode', 'wall'):.2f}x)")
-    return timed.ratio("counted + read", "do-nothing mode")
+    paired = Rounds(variants, rounds, iters)
+    print(title.format(ops=ops, eager_ms=paired.median("eager") * 1e3))
+    shown = [v for v in variants if v != "eager"]
+    width = max(map(len, shown))
+    for v in shown:
+        cpu = statistics.median(paired.added(v))
+        print(f"  {v:>{width}}: added {cpu * 1e3:6.2f} {unit} ({cpu / ops * 1e6:5.2f} us/op), "
+              f"{paired.ratio(v, 'do-nothing mode'):.2f}x the do-nothing mode "
+              f"(wall: {paired.ratio(v, 'do-nothing mode', 'wall'):.2f}x)")
+    return paired.ratio("counted + read", "do-nothing mode")
 
 
 def bert_forward(rounds: int, iters: int, tokens: int) -> float:
@@ -157,21 +168,9 @@ def bert_forward(rounds: int, iters: int, tokens: int) -> float:
 
     variants = {"eager": forward, "do-nothing mode": do_nothing,
                 "do-nothing + hooks": hooked, "counted + read": counted_read}
-    for go in variants.values():
-        for _ in range(2):
-            go()
-    with FlopCounter(model) as probe:
-        forward()
-    ops = probe.total.calls
-    timed = Rounds(variants, rounds, iters)
-    print(f"BERT-base forward, no_grad, 1 x {tokens} tokens: {ops} aten ops, eager "
-          f"{timed.median('eager') * 1e3:.2f} ms CPU ({rounds} rounds x {iters} forwards)")
-    for v in ("do-nothing mode", "do-nothing + hooks", "counted + read"):
-        cpu = statistics.median(timed.added(v))
-        print(f"  {v:>18}: added {cpu * 1e3:6.2f} ms ({cpu / ops * 1e6:5.2f} us/op), "
-              f"{timed.ratio(v, 'do-nothing mode'):.2f}x the do-nothing mode "
-              f"(wall: {timed.ratio(v, 'do-nothing mode', 'wall'):.2f}x)")
-    return timed.ratio("counted + read", "do-nothing mode")
+    return timed(model, forward, variants, rounds, iters,
+                 f"BERT-base forward, no_grad, 1 x {tokens} tokens: {{ops}} aten ops, eager "
+                 f"{{eager_ms:.2f}} ms CPU ({rounds} rounds x {iters} forwards)", "ms")
 
 
 def main() -> None:
