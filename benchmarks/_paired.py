@@ -46,3 +46,16 @@ class Rounds:
         """The median over rounds of (what ``name`` adds) / (what ``to`` adds)."""
         return statistics.median(a / b for a, b in zip(self.added(name, clock),
                                                        self.added(to, clock)))
+
+
+def warmed_ops(model, step, variants: dict) -> int:
+    """Run each variant twice (first-call set-up, optimizer state, compiles), then count the
+    aten ops of one ``step`` of ``model``."""
+    from dispatch_flops import FlopCounter
+
+    for go in variants.values():
+        for _ in range(2):
+            go()
+    with FlopCounter(model) as probe:
+        step()
+    return probe.total.calls

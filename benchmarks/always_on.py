@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _paired import Rounds  # noqa: E402
+from _paired import Rounds, warmed_ops  # noqa: E402
 
 from dispatch_flops import FlopCounter  # noqa: E402
 
@@ -114,12 +114,7 @@ def timed(model, step, variants: dict, rounds: int, iters: int, title: str, unit
     time the variants in paired rounds and print each one's added time against the
     do-nothing mode's (``title``: a format string of ``ops`` and ``eager_ms``); the
     counted + read ratio."""
-    for go in variants.values():
-        for _ in range(2):
-            go()
-    with FlopCounter(model) as probe:
-        step()
-    ops = probe.total.calls
+    ops = warmed_ops(model, step, variants)
     paired = Rounds(variants, rounds, iters)
     print(title.format(ops=ops, eager_ms=paired.median("eager") * 1e3))
     shown = [v for v in variants if v != "eager"]

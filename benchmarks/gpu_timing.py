@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 import torch
+from _paired import warmed_ops  # beside this script
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
@@ -225,12 +226,7 @@ def host_cost_vs_floor(repeat: int) -> bool:
             step()
 
     variants = {"eager": step, "do-nothing mode": do_nothing, "counted + read": counted}
-    for go in variants.values():
-        for _ in range(2):
-            go()
-    with FlopCounter(model) as probe:
-        step()
-    ops = probe.total.calls
+    ops = warmed_ops(model, step, variants)
     times = _paired_ratio(variants, max(repeat, 10) * 3, sync=False)
     eager = times["eager"]
     added = {name: [t - e for t, e in zip(times[name], eager)] for name in variants}
