@@ -383,3 +383,22 @@ def test_reduce_overhead_counts_and_times_every_call():
     assert stack == ("",) and runs == 3 and forward > 0 and backward > 0
     assert _graphs.REPLAY_ROW not in fc.by_operator()
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_torch_cuda_graph_class_is_followed_only_with_a_device(monkeypatch, cuda):
+    """torch.cuda.CUDAGraph is wrapped while a counter counts only when CUDA is available
+    (without a device no graph exists: a fresh counter per step left it alone); the stand-in
+    class is wrapped either way, and both are as they were after the block."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    torch_class = torch.cuda.CUDAGraph
+    before = {name: torch_class.__dict__.get(name) for name in ("replay", "capture_begin")}
+    stand_in_replay = StandInGraph.__dict__["replay"]
+    model, x = model_and_input()
+    with FlopCounter(model):
+        inside = {name: torch_class.__dict__.get(name) for name in before}
+        assert StandInGraph.__dict__["replay"] is not stand_in_replay
+    assert StandInGraph.__dict__["replay"] is stand_in_replay
+    assert {name: torch_class.__dict__.get(name) for name in before} == before
+    wrapped = [name for name in before if inside[name] is not before[name]]
+    assert wrapped == ([name for name in before if before[name] is not None] if cuda else [])

@@ -456,8 +456,15 @@ _WRAPPERS = {"capture_begin": _capture_begin, "capture_end": _capture_end, "repl
 
 
 def _patch() -> None:
+    # without a CUDA device no graph is captured or replayed: torch.cuda's class is left as it
+    # is (a fresh counter per step patched and unpatched it every step; setting a class's
+    # attribute also drops the interpreter's caches for it)
+    cuda = torch.cuda.is_available()
     for target in TARGETS:
-        cls = getattr(torch.cuda, target, None) if isinstance(target, str) else target
+        if isinstance(target, str):
+            cls = getattr(torch.cuda, target, None) if cuda else None
+        else:
+            cls = target
         if cls is None:
             continue
         for name in _METHODS:
@@ -487,7 +494,8 @@ def enter(mode, tracker) -> None:
 def leave(mode) -> None:
     with _LOCK:
         _COUNTERS[:] = [(m, t) for m, t in _COUNTERS if m is not mode]
-        for capture in list(_CAPTURING.values()):  # a capture never ended: runner back
+        # a capture never ended: its runner back
+        for capture in list(_CAPTURING.values()) if _CAPTURING else ():
             swapped = capture.swapped
             if swapped is not None and swapped[0] is mode and \
                     isinstance(mode.runner, _Annotating):
