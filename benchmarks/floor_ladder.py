@@ -43,12 +43,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _paired import Rounds, warmed_ops  # noqa: E402
 from always_on import TARGET, DoNothing, models, training_step  # noqa: E402
-from per_op_parts import ByOverload, RunsOnly, _keyed  # noqa: E402
+from per_op_parts import ByOverload, RunsOnly, keyed_mode  # noqa: E402
 
 from dispatch_flops import FlopCounter  # noqa: E402
 from dispatch_flops.engine.skip import SKIP_FRAMES  # noqa: E402
 
-ByArguments = _keyed(True)
+ByArguments = keyed_mode(True)
 if SKIP_FRAMES is not None:
     for _mode in (RunsOnly, ByOverload, ByArguments):
         SKIP_FRAMES(_mode.__torch_dispatch__.__code__)

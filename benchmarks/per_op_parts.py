@@ -102,7 +102,7 @@ class ByOverload(_Mode):
         return out
 
 
-def _keyed(read_tensors: bool):
+def keyed_mode(read_tensors: bool):
     # the loop of CountingMode.__torch_dispatch__'s signature, copied on purpose: what it
     # costs is measured here without the rest of the counter around it
     class ByArguments(_Mode):
@@ -172,7 +172,7 @@ def main() -> None:
                     resolutions[key].tally = tally
         return go
 
-    keyed, unread = _keyed(True), _keyed(False)
+    keyed, unread = keyed_mode(True), keyed_mode(False)
     for mode in (RunsOnly, ByOverload, keyed, unread):
         if SKIP_FRAMES is not None:
             SKIP_FRAMES(mode.__torch_dispatch__.__code__)
