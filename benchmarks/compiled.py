@@ -2,8 +2,9 @@
 
 A pointwise-heavy 4-block MLP (inductor fuses its activations and residuals), forward +
 backward on CPU, one thread: eager, compiled, compiled under FlopCounter, and compiled again
-after counted steps, interleaved round by round (medians of wall time, and of this thread's
-CPU time, which other processes on a shared machine disturb less). Before this, one counted
+after counted steps, in paired rounds whose order turns each round (``_paired.py``; medians of
+wall time, and of this thread's CPU time, which other processes on a shared machine disturb
+less). Before this, one counted
 step left a compiled model eager for the rest of the process. Targets: compiled under the
 counter <= 1.05x the compiled step; after counting, the compiled step unchanged. Where torch
 has ``ignore_compile_internals`` (2.9 and later), the step also runs under a do-nothing
@@ -31,8 +32,10 @@ import time
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
+from _paired import Rounds  # noqa: E402
 from torch import nn
 from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -178,13 +181,6 @@ def main() -> None:
     def step(m):
         m(x).sum().backward()
 
-    def timed(fn) -> tuple:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        for _ in range(args.iters):
-            fn()
-        return ((time.perf_counter() - wall) / args.iters * 1e3,
-                (time.thread_time() - cpu) / args.iters * 1e3)
-
     def counted():
         with FlopCounter(compiled):
             step(compiled)
@@ -206,12 +202,11 @@ def main() -> None:
         for fn in runs:
             fn()
     frames = dict(counters["frames"])
-    times = {k: [] for k in kinds}
-    for _ in range(args.rounds):
-        for kind, fn in zip(kinds, runs):
-            times[kind].append(timed(fn))
-    wall = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
-    cpu = {k: statistics.median(t[1] for t in v) for k, v in times.items()}
+    # paired rounds, the order rotated each round (_paired.py): no variant always runs
+    # right after another one, whose garbage or caches it would inherit
+    paired = Rounds(dict(zip(kinds, runs)), args.rounds, args.iters, baseline="compiled")
+    wall = {k: paired.median(k, "wall") * 1e3 for k in kinds}
+    cpu = {k: paired.median(k) * 1e3 for k in kinds}
     recompiled = dict(counters["frames"]) != frames
     with FlopCounter(compiled) as fc:
         step(compiled)
@@ -230,9 +225,9 @@ def main() -> None:
               f"{cpu['do-nothing']:6.3f} ms  ({wall['do-nothing'] / c:.3f}x compiled, cpu "
               f"{cpu['do-nothing'] / cpu['compiled']:.3f}x: any mode's floor)")
         # per round (the same minutes of the machine), then the median over rounds
-        floor = [statistics.median(u[i] / d[i] for u, d in zip(times["under"],
-                                                              times["do-nothing"]))
-                 for i in (0, 1)]
+        floor = [statistics.median(u / d for u, d in zip(getattr(paired, clock)["under"],
+                                                         getattr(paired, clock)["do-nothing"]))
+                 for clock in ("wall", "cpu")]
         print(f"counted step / the floor's step, paired per round: wall {floor[0]:.3f}x, "
               f"cpu {floor[1]:.3f}x (target <= {TARGET:.2f}x)")
     print(f"compiled after counting:    {a:6.3f} ms   cpu {cpu['after']:6.3f} ms  "
