@@ -441,3 +441,32 @@ def test_a_model_counted_again_starts_its_masked_pairs_from_zero():
         steps.append(fc)  # read after the next counter took the ledger
     useful = 2 * loop_pairs(window(16), 64, 64) * 2 * D
     assert [attention_stats(fc).model_macs for fc in steps] == [useful] * 3
+
+
+def test_a_mask_met_late_on_records_counted_before_is_counted_and_reset():
+    """A ledger keeps the list of its records holding a mask's tally between counters: a mask
+    first met in a later counter, on records earlier counters made (the same ops, the same
+    shapes), is counted there, its pairs read and set back to zero for the next counter; the
+    oracle is a counter with a ledger of its own (no model)."""
+    s = 32
+    open_bias = torch.zeros(s, s)
+    causal_bias = open_bias.masked_fill(~mask_of(causal, s), float("-inf"))
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, bias):
+            scores = q @ q.transpose(-2, -1) / math.sqrt(D) + bias
+            return torch.softmax(scores, dim=-1) @ q
+
+    model, q = Attend(), torch.randn(B, H, s, D)
+
+    def counted(bias, with_model=True):
+        with FlopCounter(model if with_model else None) as fc:
+            model(q, bias)
+        return fc.total.masked_macs, fc.total.macs
+
+    unmasked = counted(open_bias)
+    assert unmasked[0] == 0
+    masked = counted(causal_bias)  # tallies given to records the first counter made
+    assert masked == counted(causal_bias, with_model=False)
+    assert masked[0] > 0 and masked[1] == unmasked[1]
+    assert counted(open_bias) == unmasked  # the late tallies were set back to zero

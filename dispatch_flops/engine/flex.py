@@ -32,7 +32,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.masks import TALLY, Tally, has_values, rates
+from dispatch_flops.engine.masks import TALLY, Tally, give_tally, has_values, rates
 from dispatch_flops.engine.records import CALLS, Signature
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.engine.torch_private import lookup
@@ -179,8 +179,8 @@ class RunTally:
 
 def tally_into(rec, qs, ks, vs, backward: bool, masked, skipped=0) -> None:
     if len(rec) <= TALLY:
-        rec.append(Tally(*rates(qs, ks, vs, backward, True),
-                         again=recomputed_rates(qs, True) if backward else (0, 0)))
+        give_tally(rec, Tally(*rates(qs, ks, vs, backward, True),
+                              again=recomputed_rates(qs, True) if backward else (0, 0)))
     rec[TALLY].add(masked, skipped)
 
 

@@ -176,9 +176,14 @@ class Ledger:
         deque(map(setitem, records, repeat(CALLS, n), repeat(0, n)), maxlen=0)
         if any(map(_ns, records)):
             deque(map(setitem, records, repeat(NS, n), repeat(0, n)), maxlen=0)
-        for rec in records:
-            if len(rec) > 3:  # a mask's tally (engine.masks.TALLY)
-                rec[3].reset()
+        layout = self.layout
+        if layout is not None and layout.n == n:  # its records holding a mask's tally, known
+            for _, tally in layout.tallies(records):
+                tally.reset()
+        else:
+            for rec in records:
+                if len(rec) > 3:  # a mask's tally (engine.masks.TALLY)
+                    rec[3].reset()
         for frame in self.frames:
             frame.calls = 0
             frame.span[0] = 0

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from operator import itemgetter
 from typing import Optional, Union
 
+from dispatch_flops.engine import masks as _masks
 from dispatch_flops.engine.masks import read_all
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
@@ -207,7 +208,8 @@ class Layout:
     a layout stays valid for its ledger until the ledger grows. Made when a counter ends (or
     is read): the signatures met for the first time are priced then."""
 
-    __slots__ = ("n", "keys", "row_of", "units", "errors", "memo", "causal", "_units_skipping")
+    __slots__ = ("n", "keys", "row_of", "units", "errors", "memo", "causal", "_units_skipping",
+                 "_tallied", "_tallied_at")
 
     def __init__(self, ledger, resolutions: dict):
         records = ledger.records
@@ -225,6 +227,8 @@ class Layout:
         # (``units_skipping_causal``)
         self.causal: list[int] = []
         self._units_skipping: Optional[list] = None
+        self._tallied: list = []  # see tallies
+        self._tallied_at = -1
         for frame in ledger.frames:
             for phase, acc in zip(PHASES, frame.acc):
                 for key, rec in acc.items():
@@ -259,6 +263,18 @@ class Layout:
                                                 str(category), dtype))
                     self.row_of[i] = row
 
+
+    def tallies(self, records: list) -> list:
+        """``[(index, Tally)]`` of the records holding a mask's tally (``records``: its
+        ledger's, as many as it lays out), looked for again only when some record was given a
+        tally since the last look (``masks.TALLIES_MADE``: read before looking, so a tally
+        given during the look is looked for next time)."""
+        made = _masks.TALLIES_MADE
+        if self._tallied_at != made:
+            self._tallied = [(i, rec[TALLY]) for i, rec in enumerate(records)
+                             if len(rec) > TALLY]
+            self._tallied_at = made
+        return self._tallied
     def units_skipping_causal(self) -> list:
         """``units``, with the kernels of the ``causal`` records taken to skip their masked
         pairs exactly: the deprecated ``attention="causal"`` (their masked share leaves the
@@ -306,7 +322,7 @@ class Captured:
         # untimed, no record holds a time: no second pass over them
         self.ns = list(map(_ns, records)) if timed else [0] * len(records)
         # {record index: (masked pairs, skipped pairs, Tally)}: device counts read here, once
-        tallied = [(i, rec[TALLY]) for i, rec in enumerate(records) if len(rec) > TALLY]
+        tallied = layout.tallies(records)
         read = read_all([tally for _, tally in tallied]) if tallied else []
         self.tallies = {i: counts + (tally,) for (i, tally), counts in zip(tallied, read)}
         # attention calls whose mask had no values (meta, fake): their pairs all kept
