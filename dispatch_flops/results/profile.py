@@ -54,7 +54,9 @@ class Profile(ProfileViews):
                  parts: Sequence[Profile] = (), trace: Optional[tuple] = None,
                  views: Optional[dict] = None, ranks: Sequence[Profile] = ()):
         self._rows: tuple[Row, ...] = tuple(rows)  # the same tuple when given one: see _make
-        if not all(type(key) is RowKey for key, _ in self._rows):  # plain tuples: name them
+        # plain tuples: name them (rows given with a Profile's views, by ``alike``, are that
+        # Profile's, named already: a counter read every step skips the walk over its rows)
+        if views is None and not all(type(key) is RowKey for key, _ in self._rows):
             self._rows = tuple((key if type(key) is RowKey else RowKey(*key), counts)
                                for key, counts in self._rows)
         self.module_facts = module_facts
