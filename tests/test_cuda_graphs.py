@@ -386,11 +386,16 @@ def test_reduce_overhead_counts_and_times_every_call():
 
 
 @pytest.mark.parametrize("cuda", [False, True])
-def test_torch_cuda_graph_class_is_followed_only_with_a_device(monkeypatch, cuda):
-    """torch.cuda.CUDAGraph is wrapped while a counter counts only when CUDA is available
-    (without a device no graph exists: a fresh counter per step left it alone); the stand-in
-    class is wrapped either way, and both are as they were after the block."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+def test_torch_cuda_graph_class_is_followed_only_by_a_cuda_build(monkeypatch, cuda):
+    """torch.cuda.CUDAGraph is wrapped while a counter counts only by a torch built with CUDA
+    (a CPU build has no graph: a fresh counter per step left it alone), asked without
+    touching the driver; the stand-in class is wrapped either way, and both are as they were
+    after the block."""
+    def driver():
+        raise AssertionError("a counter that times nothing asked the CUDA driver")
+
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", driver)
     torch_class = torch.cuda.CUDAGraph
     before = {name: torch_class.__dict__.get(name) for name in ("replay", "capture_begin")}
     stand_in_replay = StandInGraph.__dict__["replay"]

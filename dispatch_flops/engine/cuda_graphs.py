@@ -28,10 +28,11 @@ give replays no time per op.
 
 **Never patched while no counter counts.** ``capture_begin``, ``capture_end`` and ``replay`` of
 ``torch.cuda.CUDAGraph`` are wrapped when the first counter enters and put back when the last
-one leaves; the user's graph objects are never written to (what a graph captured is kept in a
-``WeakKeyDictionary``). A replay or capture with the counting modes off the dispatch stack (a
-compiled graph's run: ``compiled.Without``, whose counts are the compiled graph's) is left
-alone, as is one on another thread than the counter's.
+one leaves (by a torch built with CUDA only: on a CPU build no graph can exist); the user's
+graph objects are never written to (what a graph captured is kept in a ``WeakKeyDictionary``).
+A replay or capture with the counting modes off the dispatch stack (a compiled graph's run:
+``compiled.Without``, whose counts are the compiled graph's) is left alone, as is one on
+another thread than the counter's.
 """
 
 from __future__ import annotations
@@ -456,10 +457,12 @@ _WRAPPERS = {"capture_begin": _capture_begin, "capture_end": _capture_end, "repl
 
 
 def _patch() -> None:
-    # without a CUDA device no graph is captured or replayed: torch.cuda's class is left as it
-    # is (a fresh counter per step patched and unpatched it every step; setting a class's
-    # attribute also drops the interpreter's caches for it)
-    cuda = torch.cuda.is_available()
+    # a torch built without CUDA captures and replays no graph: torch.cuda's class is left as
+    # it is (a fresh counter per step patched and unpatched it every step; setting a class's
+    # attribute also drops the interpreter's caches for it). Asked of the build, not the
+    # driver: ``torch.cuda.is_available()`` would initialise it and poison fork for the rest
+    # of the process, where a counter that times nothing never touched CUDA
+    cuda = torch.backends.cuda.is_built()
     for target in TARGETS:
         if isinstance(target, str):
             cls = getattr(torch.cuda, target, None) if cuda else None

@@ -263,7 +263,6 @@ class Layout:
                                                 str(category), dtype))
                     self.row_of[i] = row
 
-
     def tallies(self, records: list) -> list:
         """``[(index, Tally)]`` of the records holding a mask's tally (``records``: its
         ledger's, as many as it lays out), looked for again only when some record was given a
@@ -275,6 +274,7 @@ class Layout:
                              if len(rec) > TALLY]
             self._tallied_at = made
         return self._tallied
+
     def units_skipping_causal(self) -> list:
         """``units``, with the kernels of the ``causal`` records taken to skip their masked
         pairs exactly: the deprecated ``attention="causal"`` (their masked share leaves the
