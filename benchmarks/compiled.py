@@ -1,11 +1,11 @@
 """A compiled model under the counter, and after it (issue 15; pytorch#190286).
 
 A pointwise-heavy 4-block MLP (inductor fuses its activations and residuals), forward +
-backward on CPU, one thread: eager, compiled, compiled under FlopCounter, and compiled again
-after counted steps, in paired rounds whose order turns each round (``_paired.py``; medians of
-wall time, and of this thread's CPU time, which other processes on a shared machine disturb
-less). Before this, one counted
-step left a compiled model eager for the rest of the process. Targets: compiled under the
+backward on CPU, one thread: eager, compiled and compiled under FlopCounter, in paired rounds
+whose order turns each round (``_paired.py``; medians of wall time, and of this thread's CPU
+time, which other processes on a shared machine disturb less); then the compiled step right
+after a counted one, each timed alone. Before this, one counted step left a compiled model
+eager for the rest of the process. Targets: compiled under the
 counter <= 1.05x the compiled step; after counting, the compiled step unchanged. Where torch
 has ``ignore_compile_internals`` (2.9 and later), the step also runs under a do-nothing
 dispatch mode that lets compiled code run under it: what merely having a Python dispatch mode
@@ -147,6 +147,18 @@ def _graph_overhead(step, iters: int) -> tuple:
     return forward, backward
 
 
+def _right_after(first, then, n: int) -> tuple:
+    """Medians (ms: wall, this thread's CPU) of ``then`` run right after ``first``, ``n`` times."""
+    wall, cpu = [], []
+    for _ in range(n):
+        first()
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        then()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
+    return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
+
+
 def _ops_reaching_the_mode(step) -> Counter:
     """The ops that reach the counting mode in one counted step, by packet."""
     seen = Counter()
@@ -193,9 +205,8 @@ def main() -> None:
         with DoNothing():
             step(compiled)
 
-    kinds = ("eager", "compiled", "under", "after", "empty", "do-nothing")
-    runs = (lambda: step(model), lambda: step(compiled), counted, lambda: step(compiled),
-            empty, do_nothing)
+    kinds = ("eager", "compiled", "under", "empty", "do-nothing")
+    runs = (lambda: step(model), lambda: step(compiled), counted, empty, do_nothing)
     if not _compiled.has_ignore_compile_internals():  # the mode would de-compile the model
         kinds, runs = kinds[:-1], runs[:-1]
     for _ in range(3):  # compile, warm up, and count once before the "after" runs
@@ -204,15 +215,19 @@ def main() -> None:
     frames = dict(counters["frames"])
     # paired rounds, the order rotated each round (_paired.py): no variant always runs
     # right after another one, whose garbage or caches it would inherit
-    paired = Rounds(dict(zip(kinds, runs)), args.rounds, args.iters, baseline="compiled")
+    paired = Rounds(dict(zip(kinds, runs)), args.rounds, args.iters)
     wall = {k: paired.median(k, "wall") * 1e3 for k in kinds}
     cpu = {k: paired.median(k) * 1e3 for k in kinds}
+    # the compiled step right after a counted one, each timed alone (the turning rounds
+    # run no variant right after another): still the compiled code, at its speed
+    wall["after"], cpu["after"] = _right_after(counted, lambda: step(compiled),
+                                               args.rounds * args.iters)
     recompiled = dict(counters["frames"]) != frames
     with FlopCounter(compiled) as fc:
         step(compiled)
     with FlopCounter(model) as ref:
         step(model)
-    e, c, u, a = (wall[k] for k in kinds[:4])
+    e, c, u, a = (wall[k] for k in ("eager", "compiled", "under", "after"))
     print(f"4-block MLP d=128, batch {args.batch}, fwd+bwd, 1 thread, {args.rounds} rounds x "
           f"{args.iters} steps (medians; wall, and this thread's CPU time)")
     print(f"eager step:                 {e:6.3f} ms   cpu {cpu['eager']:6.3f} ms")

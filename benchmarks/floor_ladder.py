@@ -9,10 +9,11 @@ nothing else:
 - ``+ empty hooks``: with two empty global module hooks (a forward pre-hook and an
   always-called forward hook), registered and removed every step as a counter's are: torch's
   own module-call path with hooks;
+- ``runs-only mode + empty hooks``: the same hooks over a mode that only runs each op the
+  counter's way (per_op_parts.py's ``RunsOnly``: the op's own callable, torch's per-op compile
+  guard skipped, as the counter's is): what the counter saves before it does anything;
 - ``least tracker``: those hooks doing the least attribution can do (the module's record
-  dict looked up by id and made current; the caller's restored after), under a mode that only
-  runs each op (per_op_parts.py's ``RunsOnly``: torch's per-op compile guard skipped, as the
-  counter's is);
+  dict looked up by id and made current; the caller's restored after), under that mode;
 - ``+ counts by overload``: the mode also reads the autograd node and counts each call under
   its overload in the current dict (per_op_parts.py's ``ByOverload``);
 - ``+ keys by arguments``: the mode keys each call by its arguments as the counter's signature
@@ -116,10 +117,17 @@ def ladder(name: str, model, step, read, rounds: int, iters: int) -> None:
             step()
         read(fc)
 
+    def empty_pre(module, args):
+        return None
+
+    def empty_post(module, args, out):
+        return None
+
     variants = {
         "eager": step,
         "do-nothing mode": do_nothing,
-        "+ empty hooks": _under_hooks(step, lambda m, a: None, lambda m, a, o: None),
+        "+ empty hooks": _under_hooks(step, empty_pre, empty_post),
+        "runs-only mode + empty hooks": _under_hooks(step, empty_pre, empty_post, RunsOnly),
         "least tracker": _least_tracker(model, step, RunsOnly),
         "+ counts by overload": _least_tracker(model, step, ByOverload),
         "+ keys by arguments": _least_tracker(model, step, ByArguments),
