@@ -13,12 +13,15 @@ nothing else:
   counter's way (per_op_parts.py's ``RunsOnly``: the op's own callable, torch's per-op compile
   guard skipped, as the counter's is): what the counter saves before it does anything;
 - ``least tracker``: those hooks doing the least attribution can do (the module's record
-  dict looked up by id and made current; the caller's restored after), under that mode;
+  dict looked up by id and made current; the caller's restored after), and, as the counter's,
+  optimizer step hooks (they note that a step runs), under that mode;
 - ``+ counts by overload``: the mode also reads the autograd node and counts each call under
   its overload in the current dict (per_op_parts.py's ``ByOverload``);
-- ``+ keys by arguments``: the mode keys each call by its arguments as the counter's signature
-  does (per_op_parts.py's ``ByArguments``): what per-signature counting needs before any
-  pricing, phases, backward attribution, masks or results;
+- ``+ keys by arguments``: the mode keys by its arguments, as the counter's signature does
+  (per_op_parts.py's ``ByArguments``), each call the counter keys: views and the ops of an
+  optimizer step (which the counter replays once learned) stay counted under their overload.
+  What per-signature counting needs before any pricing, phases, backward attribution, masks or
+  results;
 - ``counted + read``: a fresh ``FlopCounter(model)`` per step, its total (and, training, its
   per-module table) read.
 
@@ -39,6 +42,10 @@ import sys
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,9 +54,23 @@ from always_on import TARGET, DoNothing, models, training_step  # noqa: E402
 from per_op_parts import ByOverload, RunsOnly, keyed_mode  # noqa: E402
 
 from dispatch_flops import FlopCounter  # noqa: E402
+from dispatch_flops.engine.records import engine_cache  # noqa: E402
 from dispatch_flops.engine.skip import SKIP_FRAMES  # noqa: E402
 
-ByArguments = keyed_mode(True)
+_RESOLUTIONS = engine_cache(FlopCounter().registry).resolutions  # every counter's, by op id
+_STEPPING = [False]  # an optimizer step runs (the least tracker's step hooks set it)
+
+
+def _counted_by_overload(func) -> bool:
+    """Whether the counter counts ``func``'s call under its overload alone: a view (as the
+    engine resolved it), or an op of an optimizer step (replayed: engine.step_replay)."""
+    if _STEPPING[0]:
+        return True
+    resolved = _RESOLUTIONS.get(id(func))
+    return resolved is not None and resolved.view
+
+
+ByArguments = keyed_mode(True, _counted_by_overload)
 if SKIP_FRAMES is not None:
     for _mode in (RunsOnly, ByOverload, ByArguments):
         SKIP_FRAMES(_mode.__torch_dispatch__.__code__)
@@ -94,14 +115,23 @@ def _least_tracker(model, step, mode_class):
             if id(module) in frames:
                 mode.acc = outer.pop()
 
-        first = register_module_forward_pre_hook(pre)
-        second = register_module_forward_hook(post, always_call=True)
+        def stepping(optimizer, args, kwargs):
+            _STEPPING[0] = True
+
+        def stepped(optimizer, args, kwargs):
+            _STEPPING[0] = False
+
+        handles = [register_module_forward_pre_hook(pre),
+                   register_module_forward_hook(post, always_call=True),
+                   register_optimizer_step_pre_hook(stepping),
+                   register_optimizer_step_post_hook(stepped)]
         try:
             with mode:
                 step()
         finally:
-            first.remove()
-            second.remove()
+            for handle in handles:
+                handle.remove()
+            _STEPPING[0] = False
     return go
 
 

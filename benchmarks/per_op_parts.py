@@ -102,13 +102,22 @@ class ByOverload(_Mode):
         return out
 
 
-def keyed_mode(read_tensors: bool):
+def keyed_mode(read_tensors: bool, by_overload=None):
+    """A mode keying each op by its arguments; ``by_overload(func)``, when given and true,
+    counts that op under its overload instead (what the counter does for views and replayed
+    optimizer steps)."""
     # the loop of CountingMode.__torch_dispatch__'s signature, copied on purpose: what it
     # costs is measured here without the rest of the counter around it
     class ByArguments(_Mode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func._op(*args, **kwargs) if kwargs else func._op(*args)
             _node()
+            if by_overload is not None and by_overload(func):
+                rec = self.acc.get(id(func))
+                if rec is None:
+                    rec = self.acc[id(func)] = [0, 0, None]
+                rec[0] += 1
+                return out
             sig = [id(func)]
             for a in args:
                 cls = a.__class__
