@@ -113,32 +113,29 @@ def keyed_mode(read_tensors: bool, by_overload=None):
             out = func._op(*args, **kwargs) if kwargs else func._op(*args)
             _node()
             if by_overload is not None and by_overload(func):
-                rec = self.acc.get(id(func))
-                if rec is None:
-                    rec = self.acc[id(func)] = [0, 0, None]
-                rec[0] += 1
-                return out
-            sig = [id(func)]
-            for a in args:
-                cls = a.__class__
-                if cls is Tensor or cls is torch.nn.Parameter or \
-                        cls not in _SCALARS and isinstance(a, Tensor):
-                    if read_tensors:
-                        sig.append(a.shape)
-                        sig.append(a.dtype)
-                        if not a.is_contiguous():
-                            sig.append(a.stride())
-                elif cls is list or cls is tuple:
-                    sig.append(tuple(a) if not a or a[0].__class__ is int else key_of(a))
-                elif cls is float and a not in TOLD_APART:
-                    sig.append(FLOAT)
-                else:
-                    sig.append(a)
-            if kwargs:
-                for k, v in kwargs.items():
-                    sig.append(k)
-                    sig.append(key_of(v))
-            signature = tuple(sig)
+                signature: object = id(func)  # the overload's key, as ByOverload's
+            else:
+                sig = [id(func)]
+                for a in args:
+                    cls = a.__class__
+                    if cls is Tensor or cls is torch.nn.Parameter or \
+                            cls not in _SCALARS and isinstance(a, Tensor):
+                        if read_tensors:
+                            sig.append(a.shape)
+                            sig.append(a.dtype)
+                            if not a.is_contiguous():
+                                sig.append(a.stride())
+                    elif cls is list or cls is tuple:
+                        sig.append(tuple(a) if not a or a[0].__class__ is int else key_of(a))
+                    elif cls is float and a not in TOLD_APART:
+                        sig.append(FLOAT)
+                    else:
+                        sig.append(a)
+                if kwargs:
+                    for k, v in kwargs.items():
+                        sig.append(k)
+                        sig.append(key_of(v))
+                signature = tuple(sig)
             rec = self.acc.get(signature)
             if rec is None:
                 rec = self.acc[signature] = [0, 0, None]
