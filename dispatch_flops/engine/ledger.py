@@ -18,7 +18,7 @@ from typing import Optional
 
 from torch import nn
 
-from dispatch_flops.engine.records import CALLS, NS
+from dispatch_flops.engine.records import CALLS, NS, tallied
 from dispatch_flops.engine.timing import Timer
 from dispatch_flops.results.stats import (
     BACKWARD,
@@ -176,14 +176,12 @@ class Ledger:
         deque(map(setitem, records, repeat(CALLS, n), repeat(0, n)), maxlen=0)
         if any(map(_ns, records)):
             deque(map(setitem, records, repeat(NS, n), repeat(0, n)), maxlen=0)
+        # the records holding a mask's tally: listed by the layout while it is current
         layout = self.layout
-        if layout is not None and layout.n == n:  # its records holding a mask's tally, known
-            for _, tally in layout.tallies(records):
-                tally.reset()
-        else:
-            for rec in records:
-                if len(rec) > 3:  # a mask's tally (engine.masks.TALLY)
-                    rec[3].reset()
+        held = layout.tallies(records) if layout is not None and layout.n == n \
+            else tallied(records)
+        for _, tally in held:
+            tally.reset()
         for frame in self.frames:
             frame.calls = 0
             frame.span[0] = 0

@@ -201,6 +201,11 @@ def engine_cache(registry) -> EngineCache:
     return cache
 
 
+def tallied(records: list) -> list:
+    """``[(index, Tally)]`` of ``records`` holding a mask's tally, looked for in each."""
+    return [(i, rec[TALLY]) for i, rec in enumerate(records) if len(rec) > TALLY]
+
+
 class Layout:
     """Which row each of a ledger's first ``n`` records counts toward, and what one call of it
     counts. A row of ops that do arithmetic is split by the ops' compute dtype (the
@@ -270,8 +275,7 @@ class Layout:
         given during the look is looked for next time)."""
         made = _masks.TALLIES_MADE
         if self._tallied_at != made:
-            self._tallied = [(i, rec[TALLY]) for i, rec in enumerate(records)
-                             if len(rec) > TALLY]
+            self._tallied = tallied(records)
             self._tallied_at = made
         return self._tallied
 
