@@ -1,6 +1,10 @@
-"""Small helpers for the tests: counting with ours and with torch's own counter."""
+"""The tests' shared kit: counting with ours and with torch's own counter, the tiny GPT, a
+stand-in for the CUDA attention kernels, the attention-mask builders and their oracle, a fake
+host clock and an op log. (``fresh_dynamo`` is a fixture: tests/conftest.py.)"""
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from dispatch_flops import FlopCounter
@@ -52,3 +56,47 @@ def attention_stats(fc) -> Stats:
         if "attention" in name:
             total = total + stats
     return total
+
+
+# -- the CUDA attention kernels, on any device ------------------------------------------------
+aten = torch.ops.aten
+
+CUDA_ATTENTION_KERNELS = frozenset({
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_cudnn_attention_backward.default,
+    aten._flash_attention_forward.default,  # dense, or varlen (packed, cum_seq_q / cum_seq_k)
+    aten._flash_attention_backward.default,
+    aten._efficient_attention_forward.default,  # dense, or varlen (cu_seqlens_q / _k)
+    aten._efficient_attention_backward.default,
+})
+
+
+class StandInKernels(TorchDispatchMode):
+    """Runs the CUDA-only attention kernels (flash, memory-efficient and cuDNN: SDPA's
+    overloads and the raw kernels, forward and backward, dense and varlen) on the CPU or meta
+    as empty outputs, so that a counter above this mode sees the real op and its arguments;
+    every other op runs. The outputs are those torch's meta registrations of the kernels give
+    (torch/_meta_registrations.py, after each ATen schema): shapes, dtypes and strides, the
+    logsumexp, the philox seed and offset, the debug mask, the max lengths, and None where the
+    kernel returns an undefined tensor (cum_seq_q / cum_seq_k, a gradient not asked for), on
+    the inputs' device."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in CUDA_ATTENTION_KERNELS:
+            return func(*args, **kwargs)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        on_meta = func(*tree_map(lambda t: _like(t, "meta"), args),
+                       **tree_map(lambda t: _like(t, "meta"), kwargs))
+        return tree_map(lambda t: _like(t, device), on_meta)
+
+
+def _like(t, device):
+    """An empty tensor of ``t``'s shape, strides and dtype on ``device`` (anything else as is)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)

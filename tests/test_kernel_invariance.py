@@ -3,7 +3,7 @@ every kernel torch may pick for it (issue 41), and a pair masked twice (by a mas
 causal rule) is one masked pair, never negative model flops (issue 43).
 
 The CUDA kernels are called here on the CPU with a stand-in kernel below the counter (a
-dispatch mode that returns outputs of the right shapes, as in tests/test_varlen_attention.py),
+dispatch mode that returns outputs of the right shapes: tests/helpers.py),
 so the counter sees the real op, its arguments and the mask as torch hands that kernel: the
 memory-efficient kernel an expanded additive mask, cuDNN a boolean mask filled with -65504
 (torch's ``convert_boolean_attn_mask_cudnn``), the CPU flash kernel the mask as given, turned
@@ -23,50 +23,13 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter, Profile
 from dispatch_flops.results.stats import Stats
-from helpers import attention_stats
+from helpers import StandInKernels, attention_stats
 
 aten = torch.ops.aten
 B, S, D = 2, 16, 8
-
-
-class StandInKernels(TorchDispatchMode):
-    """Runs the CUDA-only attention kernels as empty outputs of their shapes (forward and
-    backward); every other op runs."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        a = args
-        if func is aten._scaled_dot_product_flash_attention.default or \
-                func is aten._scaled_dot_product_cudnn_attention.default:
-            q, v = a[0], a[2]
-            out = torch.empty(*q.shape[:-1], v.shape[-1])
-            lse, none = torch.empty(q.shape[:-1]), torch.empty(0)
-            return (out, lse, none, none, q.shape[2], a[1].shape[2], none, none, none)
-        if func is aten._scaled_dot_product_efficient_attention.default:
-            q, v = a[0], a[2]
-            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(q.shape[:-1]),
-                    torch.empty(()), torch.empty(()))
-        if func is aten._efficient_attention_forward.default:
-            q, v = a[0], a[2]
-            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(0), torch.empty(()),
-                    torch.empty(()), q.shape[1], a[1].shape[1])
-        if func is aten._flash_attention_forward.default:
-            q, v = a[0], a[2]
-            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(0), torch.empty(2),
-                    torch.empty(0), torch.empty(0))
-        grads = {aten._scaled_dot_product_flash_attention_backward.default: 3,
-                 aten._scaled_dot_product_cudnn_attention_backward.default: 3,
-                 aten._scaled_dot_product_efficient_attention_backward.default: 4,
-                 aten._efficient_attention_backward.default: 4,
-                 aten._flash_attention_backward.default: 3}.get(func)
-        if grads is not None:
-            q, k, v = a[1], a[2], a[3]
-            return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-                    torch.empty(0))[:grads]
-        return func(*args, **(kwargs or {}))
 
 
 # -- oracles ------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import dispatch_flops.formulas._registry as registry_module
 from dispatch_flops import FlopCounter, Profile
@@ -19,6 +18,7 @@ from dispatch_flops.engine.records import engine_cache
 from dispatch_flops.formulas import REGISTRY, Cost, Registry
 from dispatch_flops.formulas.attention import attention_pairs
 from dispatch_flops.models import GPT, GPTConfig
+from helpers import StandInKernels
 
 aten = torch.ops.aten
 GOLDEN = Path(__file__).parent / "golden"
@@ -83,28 +83,6 @@ def test_the_causal_option_warns_to_read_model_flops():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         FlopCounter(attention="dense")
-
-
-class StandInKernels(TorchDispatchMode):
-    """Runs the CUDA-only flash / efficient attention kernels as empty outputs of their
-    shapes, so the counter sees the real ops on the CPU."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is aten._flash_attention_forward.default:
-            q, v = args[0], args[2]
-            return (torch.empty(*q.shape[:-1], v.shape[-1]),
-                    torch.empty(q.shape[0], q.shape[2], q.shape[1]),
-                    torch.empty(2, dtype=torch.int64), torch.empty(0), torch.empty(0))
-        if func is aten._efficient_attention_forward.default:
-            q, v = args[0], args[2]
-            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(0),
-                    torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64),
-                    args[6], args[7])
-        if func is aten._flash_attention_backward.default:
-            return tuple(torch.empty_like(t) for t in args[1:4])
-        if func is aten._efficient_attention_backward.default:
-            return tuple(torch.empty_like(t) for t in args[1:4]) + (torch.empty(0),)
-        return func(*args, **(kwargs or {}))
 
 
 def _sdpa(option):

@@ -1,35 +1,18 @@
 """Variable-length (packed) flash / memory-efficient attention, priced per sequence from its
 cumulative sequence lengths: Σ s_q,i · s_k,i pairs per head, not batch · max². The kernels are
 CUDA-only: their calls are made here on the CPU, with a stand-in kernel below the counter
-(a dispatch mode that returns outputs of the right shapes), so the counter sees the real op
-and arguments. Oracle: the block-diagonal mask of the packed tokens, its True entries
-counted."""
+(a dispatch mode that returns outputs of the right shapes: tests/helpers.py), so the counter
+sees the real op and arguments. Oracle: the block-diagonal mask of the packed tokens, its
+True entries counted."""
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter
 from dispatch_flops.formulas import REGISTRY
+from helpers import StandInKernels
 
 aten = torch.ops.aten
-
-
-class StandInKernels(TorchDispatchMode):
-    """Runs the CUDA-only varlen attention ops as empty outputs of their shapes."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is aten._flash_attention_forward.default:
-            q, v = args[0], args[2]
-            total, heads = q.shape[0], q.shape[1]
-            return (torch.empty(total, heads, v.shape[-1]), torch.empty(heads, total),
-                    torch.empty(2, dtype=torch.int64), torch.empty(0), torch.empty(0))
-        if func is aten._efficient_attention_forward.default:
-            q, v = args[0], args[2]
-            return (torch.empty(*q.shape[:-1], v.shape[-1]), torch.empty(0),
-                    torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64),
-                    args[6], args[7])
-        return func(*args, **(kwargs or {}))
 
 
 def block_diagonal_pairs(lengths_q, lengths_k) -> int:
