@@ -94,3 +94,16 @@ def _no_columns(monkeypatch):
     run with COLUMNS=80: each test starts without it (100 columns, output not a terminal),
     and the tests about COLUMNS set it themselves."""
     monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo reset before and after the test (its caches, compiled frames and counters), so
+    that what a test compiles and counts is its own: ``pytest.mark.usefixtures("fresh_dynamo")``
+    in a file that compiles."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()

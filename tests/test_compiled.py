@@ -16,20 +16,13 @@ from dispatch_flops import FlopCounter
 from dispatch_flops.engine.compiled import has_ignore_compile_internals
 from helpers import tiny_gpt, tiny_ids
 
-pytestmark = pytest.mark.slow  # compiles: seconds a test, dynamo's import first
+pytestmark = [pytest.mark.slow,  # compiles: seconds a test, dynamo's import first
+              pytest.mark.usefixtures("fresh_dynamo")]
 
 # torch >= 2.9: compiled code runs under the counter (counted through its graphs); torch 2.8
 # runs the counted step eagerly, and only test_stays_compiled_after_counting applies there
 runs_compiled = pytest.mark.skipif(not has_ignore_compile_internals(),
                                    reason="torch without ignore_compile_internals")
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def counted(model, *inputs, backward=True, counter_model=None):

@@ -18,14 +18,8 @@ from dispatch_flops.engine.compiled import has_ignore_compile_internals
 pytestmark = [pytest.mark.slow,  # compiles: seconds a test
               pytest.mark.skipif(not has_ignore_compile_internals(),
                                  reason="torch without ignore_compile_internals: the counted "
-                                        "step runs eagerly")]
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+                                        "step runs eagerly"),
+              pytest.mark.usefixtures("fresh_dynamo")]
 
 
 def figures(fc) -> dict:

@@ -21,7 +21,8 @@ from dispatch_flops import FlopCounter
 from dispatch_flops.engine.compiled import has_ignore_compile_internals
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.slow  # models built from config, and inductor compiles
+pytestmark = [pytest.mark.slow,  # models built from config, and inductor compiles
+              pytest.mark.usefixtures("fresh_dynamo")]
 
 V, B, S = 96, 2, 12
 
@@ -74,12 +75,6 @@ def count(model, kwargs, train=False, during=contextlib.nullcontext, call=None):
 
 
 MODELS = ["gpt2", "llama", "bert", "t5"]
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("name", MODELS)
