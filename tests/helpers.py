@@ -100,3 +100,37 @@ def _like(t, device):
     if not isinstance(t, torch.Tensor):
         return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+
+# -- a fake host clock and an op log -------------------------------------------------------------
+class FakeClock:
+    """A host clock (``time.perf_counter``'s stand-in) that moves only when a step says how long
+    it took: ``now`` moved by hand, or ``tick(meter)`` once inside a step, by ``counted_s`` when
+    the meter counts that step and ``timed_s`` otherwise."""
+
+    def __init__(self, timed_s: float = 1.0, counted_s: float = 100.0):
+        self.now = 0.0
+        self.timed_s, self.counted_s = timed_s, counted_s
+
+    def __call__(self):
+        return self.now
+
+    def tick(self, meter):
+        self.now += self.counted_s if meter.counting else self.timed_s
+
+
+class OpLog(TorchDispatchMode):
+    """The aten ops that reach the dispatcher, in order (``ops``: one name a call); compiled
+    code runs under it, as the counter's mode does."""
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))

@@ -8,13 +8,13 @@ from fake_cuda import FakeCuda
 from fake_cuda_graph import StandInGraph, graph, make_graphed_callables
 from kineto_traces import SyntheticGpu
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter, Profile
 from dispatch_flops.engine import cuda_graphs as _graphs
 from dispatch_flops.engine import kineto as _kineto
 from dispatch_flops.engine.compiled import Without
 from dispatch_flops.engine.kernels import GRAPH_PREFIX, DeviceActivity, HostEvent, join
+from helpers import OpLog
 
 
 @pytest.fixture(autouse=True)
@@ -199,16 +199,6 @@ def test_replays_with_the_counting_modes_off_are_a_compiled_graphs_own():
                 model(x)
             g.replay()
     assert fc.total.flops == 0 and fc.total.calls == 0
-
-
-class OpLog(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 def test_make_graphed_callables_counts_forward_and_backward_per_call():

@@ -10,6 +10,7 @@ import torch
 
 from dispatch_flops import DeviceSpec, FlopCounter
 from dispatch_flops.workflows import throughput
+from helpers import FakeClock
 
 CPU = DeviceSpec.cpu(peak_flops=1e11, memory_bandwidth=2e10)
 TIMED_S, COUNTED_S = 0.25, 100.0  # what the fake clock moves by in a timed / counted step
@@ -37,18 +38,6 @@ def first_batch(rows):
     return batch
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def tick(self, meter):
-        """Called once inside every step (before the optimizer)."""
-        self.now += COUNTED_S if meter.counting else TIMED_S
-
-
 def check_identities(metrics, model_flops):
     """What a reader checks on one log line."""
     assert metrics["model_flops"] == model_flops
@@ -74,7 +63,7 @@ def test_transformers_callback_logs_mfu_of_uncounted_steps(tmp_path, monkeypatch
     transformers = pytest.importorskip("transformers")
     from dispatch_flops.integrations.transformers import FlopsCallback
 
-    seen, clock = [], FakeClock()
+    seen, clock = [], FakeClock(TIMED_S, COUNTED_S)
     monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=clock))
     callback = FlopsCallback(every=3, warmup=1, device=CPU)
 
@@ -135,7 +124,7 @@ def test_lightning_callback_logs_mfu_of_uncounted_steps(monkeypatch):
     lightning = pytest.importorskip("lightning")
     from dispatch_flops.integrations.lightning import METRICS, FlopsCallback
 
-    model, rows, clock = tiny_llama(), token_rows(), FakeClock()
+    model, rows, clock = tiny_llama(), token_rows(), FakeClock(TIMED_S, COUNTED_S)
     monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=clock))
     callback = FlopsCallback(every=3, warmup=1, device=CPU)
 

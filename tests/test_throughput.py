@@ -14,18 +14,9 @@ import dispatch_flops
 from dispatch_flops import DeviceSpec, FlopCounter, ThroughputMeter
 from dispatch_flops.workflows import throughput
 from dispatch_flops.workflows.throughput import batch_tokens, input_signature
+from helpers import FakeClock
 
 CPU = DeviceSpec.cpu(peak_flops=1e9, memory_bandwidth=1e10)
-
-
-class FakeClock:
-    """The meter's host clock: it moves only when a step says how long it took."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def mlp():
