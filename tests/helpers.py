@@ -102,6 +102,49 @@ def _like(t, device):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
 
 
+# -- attention masks: predicates, the masks built from them, and the oracle ---------------------
+def keep_all(i, j):
+    return True
+
+
+def causal(i, j):
+    return j <= i
+
+
+def window(w):
+    """Causal, each query seeing its last ``w`` keys (itself included)."""
+    return lambda i, j: j <= i and i - j < w
+
+
+def chunked(c):
+    """Causal within chunks of ``c`` tokens."""
+    return lambda i, j: j <= i and i // c == j // c
+
+
+def documents(lengths):
+    """Causal within each packed document of the given lengths."""
+    doc = [d for d, n in enumerate(lengths) for _ in range(n)]
+    return lambda i, j: j <= i and doc[i] == doc[j]
+
+
+def loop_pairs(allowed, s_q: int, s_k: int) -> int:
+    """Unmasked (query, key) pairs of one head: a naive loop over the predicate."""
+    return sum(1 for i in range(s_q) for j in range(s_k) if allowed(i, j))
+
+
+def mask_of(allowed, s_q: int, s_k: "int | None" = None) -> torch.Tensor:
+    """The boolean [s_q, s_k] mask of ``allowed`` (True: the pair is kept); s_k = s_q unless
+    given."""
+    s_k = s_q if s_k is None else s_k
+    return torch.tensor([[bool(allowed(i, j)) for j in range(s_k)] for i in range(s_q)])
+
+
+def additive(keep: torch.Tensor, fill=float("-inf"), dtype=torch.float32) -> torch.Tensor:
+    """The additive mask of the boolean ``keep``: 0 where kept, ``fill`` elsewhere (-inf;
+    transformers' torch.finfo(dtype).min; cuDNN's -65504)."""
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, fill)
+
+
 # -- a fake host clock and an op log -------------------------------------------------------------
 class FakeClock:
     """A host clock (``time.perf_counter``'s stand-in) that moves only when a step says how long

@@ -20,44 +20,22 @@ import torch.nn.functional as F
 from dispatch_flops import FlopCounter
 from dispatch_flops.formulas import ELEMENT_COSTS
 from dispatch_flops.results.stats import Stats
-from helpers import attention_stats
+from helpers import (
+    additive,
+    attention_stats,
+    causal,
+    chunked,
+    documents,
+    loop_pairs,
+    mask_of,
+    window,
+)
 
 B, H, D = 1, 2, 16
 SCALE_SOFTMAX = ELEMENT_COSTS["attention_scale"] + ELEMENT_COSTS["softmax"]
 
 
 # -- oracles ------------------------------------------------------------------------------------
-def loop_pairs(allowed, s_q: int, s_k: int) -> int:
-    """Unmasked (query, key) pairs of one head: a naive loop over the predicate."""
-    n = 0
-    for i in range(s_q):
-        for j in range(s_k):
-            if allowed(i, j):
-                n += 1
-    return n
-
-
-def causal(i, j):
-    return j <= i
-
-
-def window(w):
-    return lambda i, j: j <= i and i - j < w
-
-
-def chunked(c):
-    return lambda i, j: j <= i and i // c == j // c
-
-
-def documents(lengths):
-    doc = [d for d, n in enumerate(lengths) for _ in range(n)]
-    return lambda i, j: j <= i and doc[i] == doc[j]
-
-
-def mask_of(allowed, s: int) -> torch.Tensor:
-    return torch.tensor([[allowed(i, j) for j in range(s)] for i in range(s)])
-
-
 def block_pairs(block_mask, s_q: int, s_k: int) -> int:
     """Pairs in the blocks a BlockMask lists (partial or full): its own block grid."""
     grid = block_mask.to_dense()[0, 0]
@@ -90,9 +68,9 @@ def sdpa_case(allowed, s, kind="bool", h_kv=H, backward=False):
             return _sdpa(is_causal=True, s=s, h_kv=h_kv, backward=backward)
         m = mask_of(allowed, s)
         if kind == "additive":
-            m = torch.zeros(s, s).masked_fill(~m, float("-inf"))
+            m = additive(m)
         elif kind == "finfo_min":  # transformers' stand-in for -inf
-            m = torch.zeros(s, s).masked_fill(~m, torch.finfo(torch.float32).min)
+            m = additive(m, torch.finfo(torch.float32).min)
         return _sdpa(mask=m, s=s, h_kv=h_kv, backward=backward)
 
     heads = B * H
@@ -178,9 +156,8 @@ def _tiny_hf(kind: str, impl: str):
 
 def eager_case(allowed, s, kind="additive"):
     """Attention written as plain ops: scores, an additive mask, softmax, then @ v."""
-    m = mask_of(allowed, s)
-    bias = torch.zeros(s, s).masked_fill(~m, float("-inf") if kind == "additive"
-                                          else torch.finfo(torch.float32).min)
+    bias = additive(mask_of(allowed, s), float("-inf") if kind == "additive"
+                    else torch.finfo(torch.float32).min)
 
     def run():
         q = torch.randn(B, H, s, D)
@@ -450,7 +427,7 @@ def test_a_mask_met_late_on_records_counted_before_is_counted_and_reset():
     oracle is a counter with a ledger of its own (no model)."""
     s = 32
     open_bias = torch.zeros(s, s)
-    causal_bias = open_bias.masked_fill(~mask_of(causal, s), float("-inf"))
+    causal_bias = additive(mask_of(causal, s))
 
     class Attend(torch.nn.Module):
         def forward(self, q, bias):

@@ -14,6 +14,7 @@ from torch import nn
 
 from dispatch_flops import FlopCounter
 from dispatch_flops.engine.compiled import has_ignore_compile_internals
+from helpers import additive
 
 pytestmark = [pytest.mark.slow,  # compiles: seconds a test
               pytest.mark.skipif(not has_ignore_compile_internals(),
@@ -124,7 +125,7 @@ class Padded(nn.Module):
         if self.kind == "bool":
             attn_mask = keep
         else:
-            attn_mask = torch.zeros(b, 1, s, s).masked_fill(~keep, torch.finfo(x.dtype).min)
+            attn_mask = additive(keep, torch.finfo(x.dtype).min)
         p = 0.5 if self.kind == "dropout" else 0.0
         return F.scaled_dot_product_attention(q, q, q, attn_mask=attn_mask, dropout_p=p)
 

@@ -26,36 +26,22 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dispatch_flops import FlopCounter, Profile
 from dispatch_flops.results.stats import Stats
-from helpers import StandInKernels, attention_stats
+from helpers import (
+    StandInKernels,
+    additive,
+    attention_stats,
+    causal,
+    keep_all,
+    loop_pairs,
+    mask_of,
+    window,
+)
 
 aten = torch.ops.aten
 B, S, D = 2, 16, 8
 
 
 # -- oracles ------------------------------------------------------------------------------------
-def loop_pairs(allowed, s_q: int, s_k: int) -> int:
-    """Unmasked (query, key) pairs of one head: a naive loop over the predicate."""
-    return sum(1 for i in range(s_q) for j in range(s_k) if allowed(i, j))
-
-
-def window(w):
-    return lambda i, j: j <= i and i - j < w
-
-
-def keep_all(i, j):
-    return True
-
-
-def causal(i, j):
-    return j <= i
-
-
-def mask_of(allowed, s_q: int, s_k: int) -> torch.Tensor:
-    return torch.tensor([[bool(allowed(i, j)) for j in range(s_k)] for i in range(s_q)])
-
-
-
-
 # -- one call through each kernel ---------------------------------------------------------------
 # (mask kind, allowed) : "none", "is_causal", "bool", "additive" (-inf), "finfo_min", and a
 # bool mask with is_causal too ("bool+is_causal")
@@ -81,7 +67,7 @@ def _additive(kind: str, allowed, dtype=torch.float32) -> torch.Tensor:
     keep = mask_of(allowed, S, S)
     fill = {"additive": float("-inf"), "finfo_min": torch.finfo(dtype).min,
             "bool": float("-inf"), "cudnn": -65504.0}[kind]
-    return torch.zeros(S, S, dtype=dtype).masked_fill(~keep, fill)
+    return additive(keep, fill, dtype)
 
 
 def kernel_call(kernel: str, kind: str, allowed, h_kv: int, dropout: float, backward: bool):
@@ -331,7 +317,7 @@ def test_the_efficient_kernels_bottom_right_causal_type(s_q, s_k, with_mask):
     torch.manual_seed(2)
     q, kv = torch.randn(1, s_q, 2, D), torch.randn(1, s_k, 2, D)
     keep = torch.rand(s_q, s_k) < 0.5 if with_mask else torch.ones(s_q, s_k, dtype=torch.bool)
-    bias = torch.zeros(1, 2, s_q, s_k).masked_fill(~keep, float("-inf")) if with_mask else None
+    bias = additive(keep.expand(1, 2, s_q, s_k)) if with_mask else None
     with StandInKernels(), FlopCounter() as fc:
         aten._efficient_attention_forward(q, kv, kv, bias, None, None, s_q, s_k, 0.0, 2, True)
     useful = 2 * loop_pairs(lambda i, j: keep[i, j] and j <= i + s_k - s_q, s_q, s_k)
