@@ -4,8 +4,9 @@ exclusive, with forward spans and compiled graphs' times placed), and the record
 from __future__ import annotations
 
 from operator import add
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
+from dispatch_flops.results.protocols import ProfileLike
 from dispatch_flops.results.rows import ROW, RowKey, accumulate
 from dispatch_flops.results.stats import (
     BACKWARD,
@@ -18,9 +19,6 @@ from dispatch_flops.results.stats import (
     frozen_mapping,
 )
 
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
-
 
 def graph_phase_ns(forward: int, backward: int, phase: Optional[str]) -> int:
     """ns of a compiled graph's runs (``forward`` and ``backward`` ns) in ``phase`` (None:
@@ -29,13 +27,13 @@ def graph_phase_ns(forward: int, backward: int, phase: Optional[str]) -> int:
         (backward if phase in (None, BACKWARD) else 0)
 
 
-def graph_ns(profile: Profile, phase: Optional[str]) -> int:
+def graph_ns(profile: ProfileLike, phase: Optional[str]) -> int:
     """ns of the compiled graphs' runs in ``phase`` (all phases: None)."""
     return sum(graph_phase_ns(forward, backward, phase)
                for _, forward, backward in profile.module_facts.graph_runs.values())
 
 
-def sum_rows(profile: Profile, keep: Callable[[RowKey], bool], extra_ns: int = 0) -> Stats:
+def sum_rows(profile: ProfileLike, keep: Callable[[RowKey], bool], extra_ns: int = 0) -> Stats:
     """The rows ``keep`` keeps, summed (``extra_ns`` added to their time)."""
     total = [0] * len(ROW)
     for key, counts in profile.rows:
@@ -44,7 +42,7 @@ def sum_rows(profile: Profile, keep: Callable[[RowKey], bool], extra_ns: int = 0
     return Stats.of(total[:-1], total[-1] + extra_ns, profile.timing)
 
 
-def records(profile: Profile) -> tuple[OpRecord, ...]:
+def records(profile: ProfileLike) -> tuple[OpRecord, ...]:
     timed = profile.timing
     return tuple(
         OpRecord(module=key.stack[-1], stack=key.stack, phase=key.phase,
@@ -53,7 +51,7 @@ def records(profile: Profile) -> tuple[OpRecord, ...]:
         for key, counts in profile.rows)
 
 
-def by_operator(profile: Profile, phase: Optional[str]) -> dict[str, Stats]:
+def by_operator(profile: ProfileLike, phase: Optional[str]) -> dict[str, Stats]:
     sums: dict[str, list] = {}
     for key, counts in profile.rows:
         if phase is None or key.phase == phase:
@@ -61,7 +59,7 @@ def by_operator(profile: Profile, phase: Optional[str]) -> dict[str, Stats]:
     return {op: Stats.of(t[:-1], t[-1], profile.timing) for op, t in sums.items()}
 
 
-def calls_in(profile: Profile, category: str) -> dict[str, int]:
+def calls_in(profile: ProfileLike, category: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for key, counts in profile.rows:
         if key.category == category:
@@ -69,7 +67,7 @@ def calls_in(profile: Profile, category: str) -> dict[str, int]:
     return out
 
 
-def by_module(profile: Profile, phase: Optional[str]) -> dict[str, ModuleStats]:
+def by_module(profile: ProfileLike, phase: Optional[str]) -> dict[str, ModuleStats]:
     """Every module that ran, in tree order: its inclusive counts (credited to every running
     module and to never-called containers above them), exclusive counts, operators, saved
     bytes; forward spans replace forward op times in a called module's latency."""
@@ -151,7 +149,7 @@ def by_module(profile: Profile, phase: Optional[str]) -> dict[str, ModuleStats]:
     }
 
 
-def by_type(profile: Profile, phase: Optional[str]) -> dict[str, ModuleStats]:
+def by_type(profile: ProfileLike, phase: Optional[str]) -> dict[str, ModuleStats]:
     """Figures per module class (``ModuleStats`` named by the class): inclusive, every op run
     while a module of the class ran, counted once however many of them were nested;
     exclusive, the ops the class's modules ran directly. ``calls``: the class's module calls;

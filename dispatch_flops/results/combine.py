@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
+from dispatch_flops.results.protocols import P, ProfileLike
 from dispatch_flops.results.rows import NS_AT, accumulate
-
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
 
 
 def _mean(value, n: int):
@@ -232,7 +230,7 @@ def _combined(facts: Sequence, how: Callable[[Rule, str], Any]):
 
 
 # -- the combinations --------------------------------------------------------------------
-def difference(a: Profile, b: Profile) -> str:
+def difference(a: ProfileLike, b: ProfileLike) -> str:
     """Why two runs cannot be merged ("" when they can): a fact whose rule is ``SAME``
     differs."""
     if a.root_label != b.root_label or a.has_model != b.has_model:
@@ -248,7 +246,7 @@ def difference(a: Profile, b: Profile) -> str:
     return ""
 
 
-def merge(profiles: Sequence[Profile]) -> Profile:
+def merge(profiles: Sequence[P]) -> P:
     """``profiles`` (of one model) as one; see ``Profile.merge``."""
     if not profiles:
         raise ValueError("merge needs at least one run")
@@ -272,7 +270,7 @@ def merge(profiles: Sequence[Profile]) -> Profile:
         parts=tuple(q for p in profiles for q in (p.parts or (p,))), ranks=(), trace=None)
 
 
-def per_step(profile: Profile) -> Profile:
+def per_step(profile: P) -> P:
     """The mean step of ``profile``; see ``Profile.per_step``."""
     n = profile.steps
     if n == 1:
@@ -285,7 +283,7 @@ def per_step(profile: Profile) -> Profile:
         parts=(), ranks=(), trace=None)
 
 
-def with_medians(profile: Profile, runs: Sequence[Profile]) -> Profile:
+def with_medians(profile: P, runs: Sequence[ProfileLike]) -> P:
     """``profile`` with its times the medians over ``runs`` alike; see
     ``Profile.with_medians``."""
     keys = [key for key, _ in profile.rows]
@@ -303,7 +301,7 @@ def with_medians(profile: Profile, runs: Sequence[Profile]) -> Profile:
         parts=(), ranks=())
 
 
-def since(later: Profile, earlier: Profile) -> Profile:
+def since(later: P, earlier: ProfileLike) -> P:
     """What ``later`` counted after ``earlier``, both snapshots of one counter's run (taken
     inside its block with ``to_profile()``): calls, counts, times and module calls
     subtracted; rows that counted nothing left out. ``profile_generate`` cuts a run into

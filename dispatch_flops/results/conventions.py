@@ -34,15 +34,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
 
 from dispatch_flops.results import present, utilisation
 from dispatch_flops.results.format import scientific
+from dispatch_flops.results.protocols import ProfileLike
 from dispatch_flops.results.roofline import DeviceSpec
 from dispatch_flops.results.stats import BACKWARD, FORWARD, RECOMPUTE
-
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
 
 Number = Union[int, float]
 WIDTH = 100  # the printed table (views.text.conventions_table) fits this many columns
@@ -154,7 +152,7 @@ def _exact(x: Fraction) -> Number:
     return x.numerator if x.denominator == 1 else float(x)
 
 
-def shape_of(profile: Profile, tokens: Optional[int] = None) -> Shape:
+def shape_of(profile: ProfileLike, tokens: Optional[int] = None) -> Shape:
     """The model's shape as the run saw it; ``ValueError`` when the run has no model
     parameters, or no attention calls and no ``tokens``."""
     run = profile.run
@@ -285,7 +283,7 @@ def rows_of(s: Shape) -> tuple[tuple, tuple]:
     return rows_out, diffs_out
 
 
-def conventions(profile: Profile, tokens: Optional[int] = None,
+def conventions(profile: ProfileLike, tokens: Optional[int] = None,
                 tokens_per_s: Optional[float] = None, device: Optional[DeviceSpec] = None,
                 dtype=None) -> Conventions:
     """The conventions of ``profile`` side by side (``ProfileViews.conventions``)."""

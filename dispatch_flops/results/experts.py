@@ -6,10 +6,9 @@ padding a capacity kernel computed. The counts come from ``RunFacts.experts``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
+from dispatch_flops.results.protocols import ProfileLike
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class ExpertStats:
         return self.padding_rows / computed if computed else 0.0
 
 
-def expert_stats(profile: Profile) -> dict[str, ExpertStats]:
+def expert_stats(profile: ProfileLike) -> dict[str, ExpertStats]:
     """``{layer: ExpertStats}`` in tree order; {} for a model without recognised experts."""
     return {layer: ExpertStats(layer, calls, tokens, rows)
             for layer, tokens, rows, calls in profile.run.experts}

@@ -10,7 +10,7 @@ counted), so the two answer the same views with the same signatures.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -24,6 +24,7 @@ from dispatch_flops.results import (
     utilisation,
 )
 from dispatch_flops.results.experts import ExpertStats
+from dispatch_flops.results.protocols import ProfileLike
 from dispatch_flops.results.roofline import DeviceSpec, Roofline
 from dispatch_flops.results.stages import StageStats
 from dispatch_flops.results.stats import (
@@ -42,16 +43,13 @@ from dispatch_flops.results.stats import (
 )
 from dispatch_flops.results.torch_figures import torch_flop_counts
 
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
-
 DTypeLike = Union[torch.dtype, str, None]
 
 
 class ProfileViews:
     """The views of a run, read from ``to_profile()``."""
 
-    def to_profile(self) -> Profile:
+    def to_profile(self) -> ProfileLike:
         raise NotImplementedError
 
     # -- sums -------------------------------------------------------------------------------

@@ -12,10 +12,11 @@ import os
 import secrets
 import stat
 from operator import add, itemgetter
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Union
 
 from dispatch_flops.results import validate
 from dispatch_flops.results.facts import KERNEL_FACTS, ModuleFacts, RunFacts
+from dispatch_flops.results.protocols import ProfileLike
 from dispatch_flops.results.rows import Row, RowKey
 from dispatch_flops.results.stats import COUNTS, ROOT
 from dispatch_flops.results.validate import (
@@ -25,9 +26,6 @@ from dispatch_flops.results.validate import (
     PHASE_NAMES,
     SECONDS_LIMIT,
 )
-
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
 
 SCHEMA_VERSION = 2  # of to_dict() / to_json(): docs/schema.md; bump on a breaking change
 PathLike = Union[str, "os.PathLike[str]"]
@@ -74,7 +72,7 @@ def _create_beside(target: str) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary file name in {folder}")
 
 
-def to_dict(profile: Profile) -> dict:
+def to_dict(profile: ProfileLike) -> dict:
     """``profile`` as JSON-serialisable plain data (docs/schema.md)."""
     facts, run = profile.module_facts, profile.run
     return {

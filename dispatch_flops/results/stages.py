@@ -11,19 +11,17 @@ re-rooted Profile (only its own tree) is kept for ``ranks``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from dispatch_flops.results.facts import ModuleFacts
+from dispatch_flops.results.protocols import P, ProfileLike
 from dispatch_flops.results.stats import ROOT
-
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
 
 PIPELINE = "Pipeline"  # the root's label of stages gathered side by side
 STAGE = 0  # the slot of an action's stage in RunFacts.pipeline (see facts.RunFacts)
 
 
-def part_name(profile: Profile, position: int) -> str:
+def part_name(profile: ProfileLike, position: int) -> str:
     """The child of the common root ``profile`` goes under: ``stage<i>`` when its pipeline
     actions name one stage ``i``, else ``rank<r>`` (its rank, else its position)."""
     stages = {action[STAGE] for action in profile.run.pipeline}
@@ -33,7 +31,7 @@ def part_name(profile: Profile, position: int) -> str:
     return f"rank{position if rank is None else rank}"
 
 
-def apart(profiles: Sequence[Profile]) -> bool:
+def apart(profiles: Sequence[ProfileLike]) -> bool:
     """Whether runs are parts of one model rather than copies of it: their models differ
     (root label or module tree), or their pipeline actions name different stages."""
     first = profiles[0]
@@ -48,7 +46,7 @@ def _moved(name: str, prefix: str) -> str:
     return prefix if name == ROOT else f"{prefix}.{name}"
 
 
-def rerooted(profile: Profile, prefix: str) -> Profile:
+def rerooted(profile: P, prefix: str) -> P:
     """``profile`` with its root the module ``prefix`` of a new root labelled ``PIPELINE``:
     every module name, row stack and fact moved under it."""
     def stack(s: tuple) -> tuple:
@@ -73,13 +71,13 @@ def rerooted(profile: Profile, prefix: str) -> Profile:
                            parts=(), ranks=(), trace=None)
 
 
-def with_tree(profile: Profile, names: tuple, types: tuple, params: tuple) -> Profile:
+def with_tree(profile: P, names: tuple, types: tuple, params: tuple) -> P:
     """``profile`` with the module tree ``names`` (a union holding its own), for merging."""
     return profile.replace(module_facts=replace(profile.module_facts, names=names,
                                                 types=types, params=params))
 
 
-def side_by_side(profiles: Sequence[Profile]) -> tuple[list, list]:
+def side_by_side(profiles: Sequence[ProfileLike]) -> tuple[list, list]:
     """``(parts, own)``: the runs re-rooted side by side, each with the union tree (to merge),
     and each with its own tree only (to keep as ``ranks``)."""
     own = [rerooted(p, part_name(p, i)) for i, p in enumerate(profiles)]
@@ -120,7 +118,7 @@ class StageStats:
     bubble: Optional[float]
 
 
-def stage_stats(profile: Profile) -> dict[int, StageStats]:
+def stage_stats(profile: ProfileLike) -> dict[int, StageStats]:
     """``{stage: StageStats}`` of the stages ``profile``'s pipeline actions name (one rank's,
     or each gathered rank's); {} outside a pipeline."""
     runs = profile.ranks or (profile,)

@@ -8,14 +8,12 @@ peak / wall time. ``ProfileViews.mfu`` documents the figure; this module compute
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+from dispatch_flops.results.protocols import ProfileLike
 from dispatch_flops.results.roofline import DEVICES, DeviceSpec, Roofline, dtype_name, match_device
 from dispatch_flops.results.rows import ROW
 from dispatch_flops.results.stats import PHASES, Stats
-
-if TYPE_CHECKING:
-    from dispatch_flops.results.profile import Profile
 
 UTILISATION_FLOPS = ("contraction", "all")  # mfu/hfu numerators: 2 x MACs, or every op's
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
@@ -65,13 +63,13 @@ def check_phase(phase: Optional[str]) -> None:
                          f"phases), got {phase!r}")
 
 
-def require_timing(profile: Profile, what: str) -> None:
+def require_timing(profile: ProfileLike, what: str) -> None:
     if not profile.timing:
         raise ValueError(f"{what} needs measured time: count with FlopCounter(..., "
                          f"timing=True) or dispatch_flops.measure(...)")
 
 
-def device_of(profile: Profile, device: Optional[DeviceSpec] = None) -> DeviceSpec:
+def device_of(profile: ProfileLike, device: Optional[DeviceSpec] = None) -> DeviceSpec:
     """``device`` when given; else the built-in spec of the GPU the run was made on (its
     recorded name), or of the current GPU (its name and properties); ``ValueError`` naming
     the device and how to pass or measure a spec, never another device's figures."""
@@ -110,19 +108,19 @@ def _current_device() -> Optional[tuple]:
             getattr(props, "multi_processor_count", None))
 
 
-def roofline_by_operator(profile: Profile, device: Optional[DeviceSpec], dtype
+def roofline_by_operator(profile: ProfileLike, device: Optional[DeviceSpec], dtype
                          ) -> dict[str, Roofline]:
     spec, dtype = device_of(profile, device), dtype or profile.dtype
     return {op: spec.roofline(stats, dtype) for op, stats in profile.by_operator().items()}
 
 
-def roofline_by_module(profile: Profile, device: Optional[DeviceSpec], dtype
+def roofline_by_module(profile: ProfileLike, device: Optional[DeviceSpec], dtype
                        ) -> dict[str, Roofline]:
     spec, dtype = device_of(profile, device), dtype or profile.dtype
     return {name: spec.roofline(m.inclusive, dtype) for name, m in profile.by_module().items()}
 
 
-def flops_by_dtype(profile: Profile, phases: Sequence[str], flops: str, model: bool = False
+def flops_by_dtype(profile: ProfileLike, phases: Sequence[str], flops: str, model: bool = False
                    ) -> dict[tuple[Optional[str], bool], int]:
     """``{(dtype, contraction): flops}`` of ``phases``: ``contraction`` for rows of ops with
     MACs. ``model``: less the masked attention pairs' share (model flops, MFU's numerator;
@@ -142,7 +140,7 @@ def flops_by_dtype(profile: Profile, phases: Sequence[str], flops: str, model: b
     return out
 
 
-def _peak_dtype(profile: Profile, dtype: Optional[str], contraction: bool,
+def _peak_dtype(profile: ProfileLike, dtype: Optional[str], contraction: bool,
                 spec: DeviceSpec) -> str:
     """The peak an op of compute ``dtype`` runs at: the model's dtype when unknown; fp32
     contractions at tf32 when allow_tf32 was on (and the device has tensor cores); integer
@@ -182,7 +180,7 @@ def _peaks_in_words(spec: DeviceSpec, per_peak: dict[str, int]) -> str:
     return f"per-op dtype peaks ({each} {unit} dense), {whose}"
 
 
-def utilisation(profile: Profile, what: str, phases: Sequence[str],
+def utilisation(profile: ProfileLike, what: str, phases: Sequence[str],
                 device: Optional[DeviceSpec], dtype, flops: str) -> tuple[float, str]:
     """``(utilisation, the denominator in words)`` of ``what`` ("mfu" or "hfu")."""
     flops_figure(flops)
@@ -206,7 +204,7 @@ def utilisation(profile: Profile, what: str, phases: Sequence[str],
     return seconds / (wall_s * devices), _peaks_in_words(spec, per_peak)
 
 
-def checked_utilisation(profile: Profile, what: str, phases: Sequence[str],
+def checked_utilisation(profile: ProfileLike, what: str, phases: Sequence[str],
                         device: Optional[DeviceSpec], dtype, flops: str) -> float:
     """``utilisation``'s figure, with a ``UtilisationWarning`` when it is above 1."""
     value, peaks = utilisation(profile, what, phases, device, dtype, flops)

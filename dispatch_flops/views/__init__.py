@@ -11,44 +11,45 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from dispatch_flops.results import present
-from dispatch_flops.results.conventions import Conventions
-from dispatch_flops.results.profile import Profile
+from dispatch_flops.results.profile import as_profile
+from dispatch_flops.results.protocols import ConventionsLike, ProfileLike
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
 from dispatch_flops.results.schema import PathLike
 from dispatch_flops.views import export, table, text, torch_table
 
 
 class _Views:
-    """The views room's ``results.present.Presenter``."""
+    """The views room's ``results.present.Presenter``: the run the port carries is read as
+    the Profile it is (``as_profile``)."""
 
-    def table(self, profile: Profile, depth: int, *, columns: Optional[Sequence[str]],
+    def table(self, profile: ProfileLike, depth: int, *, columns: Optional[Sequence[str]],
               width: Optional[int], ops: int, ranks: bool, group: Optional[str] = None
               ) -> str:
-        return table.module_table(profile, depth, columns=columns, width=width, ops=ops,
+        return table.module_table(as_profile(profile), depth, columns=columns, width=width, ops=ops,
                                   ranks=ranks, group=group)
 
     def torch_table(self, flop_counts: dict, depth: Optional[int]) -> str:
         return torch_table.torch_table(flop_counts, depth)
 
-    def experts_table(self, profile: Profile) -> str:
-        return text.experts_table(profile)
+    def experts_table(self, profile: ProfileLike) -> str:
+        return text.experts_table(as_profile(profile))
 
-    def conventions_table(self, conventions: Conventions) -> str:
+    def conventions_table(self, conventions: ConventionsLike) -> str:
         return text.conventions_table(conventions)
 
-    def utilisation_text(self, profile: Profile, what: str, phases: Sequence[str],
+    def utilisation_text(self, profile: ProfileLike, what: str, phases: Sequence[str],
                          device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
                          flops: str) -> str:
-        return text.utilisation_text(profile, what, phases, device, dtype, flops)
+        return text.utilisation_text(as_profile(profile), what, phases, device, dtype, flops)
 
-    def write_csv(self, profile: Profile, path: PathLike) -> None:
-        export.write_csv(profile, path)
+    def write_csv(self, profile: ProfileLike, path: PathLike) -> None:
+        export.write_csv(as_profile(profile), path)
 
-    def dataframe(self, profile: Profile) -> Any:
-        return export.dataframe(profile)
+    def dataframe(self, profile: ProfileLike) -> Any:
+        return export.dataframe(as_profile(profile))
 
-    def write_chrome_trace(self, profile: Profile, path: PathLike) -> None:
-        export.write_chrome_trace(profile, path)
+    def write_chrome_trace(self, profile: ProfileLike, path: PathLike) -> None:
+        export.write_chrome_trace(as_profile(profile), path)
 
 
 present.install(_Views())
