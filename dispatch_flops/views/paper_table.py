@@ -5,10 +5,9 @@ public fields only."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:  # types only: a view never imports the workflows above it
-    from dispatch_flops.workflows.paper import PaperTable
+from dispatch_flops.views.workflow_results import PaperTableLike
 
 UNITS = "1 MAC = 2 FLOPs; MACs: multiply-accumulates of contractions; FLOPs: every op"
 FOOTNOTE = ("MACs are what fvcore (FlopCountAnalysis), thop, ptflops and torchvision report as "
@@ -28,20 +27,20 @@ def _check(scale: str, precision: int) -> None:
         raise ValueError(f"precision must be an int >= 0, got {precision!r}")
 
 
-def _header(table: PaperTable, scale: str) -> list:
+def _header(table: PaperTableLike, scale: str) -> list:
     step = "fwd" if table.step == "forward" else "fwd+bwd"
     return ["Model", "Input", "Params (M)", f"MACs ({scale}, {step})",
             f"FLOPs ({scale}, {step})", f"Model FLOPs ({scale}, {step})"]
 
 
-def _cells(table: PaperTable, scale: str, precision: int) -> list:
+def _cells(table: PaperTableLike, scale: str, precision: int) -> list:
     divisor = SCALES[scale]
     return [[row.name, row.inputs, f"{row.params / 1e6:.{precision}f}",
              f"{row.macs / divisor:.{precision}f}", f"{row.flops / divisor:.{precision}f}",
              f"{row.model_flops / divisor:.{precision}f}"] for row in table.rows]
 
 
-def paper_markdown(table: PaperTable, scale: str = "G", precision: int = 2) -> str:
+def paper_markdown(table: PaperTableLike, scale: str = "G", precision: int = 2) -> str:
     """A Markdown (GitHub) table: the units line, the table (names left, figures right), the
     footnote."""
     _check(scale, precision)
@@ -65,7 +64,7 @@ def _latex(text: str) -> str:
     return escaped.replace(" x ", r" $\times$ ").replace("×", r"$\times$")
 
 
-def paper_latex(table: PaperTable, scale: str = "G", precision: int = 2,
+def paper_latex(table: PaperTableLike, scale: str = "G", precision: int = 2,
                 caption: Optional[str] = None, label: Optional[str] = None) -> str:
     """A LaTeX ``table`` with booktabs rules: the units in the caption, the footnote under
     the tabular; names escaped."""

@@ -17,15 +17,20 @@ from tabulate import tabulate
 
 from dispatch_flops.results import conventions, experts, utilisation
 from dispatch_flops.results.format import duration, human, percent, scientific
+from dispatch_flops.results.protocols import ConventionsLike
 from dispatch_flops.results.roofline import DeviceSpec, DTypeLike, Roofline
 from dispatch_flops.views.escape import printable, safe_lines
 from dispatch_flops.views.table import check_width, wrapped
+from dispatch_flops.views.workflow_results import (
+    GenerationProfileLike,
+    GenerationRooflineLike,
+    PipelineProfileLike,
+    PipelineRooflineLike,
+    ThroughputReadingLike,
+)
 
-if TYPE_CHECKING:  # types only: a view never imports the workflows above it
+if TYPE_CHECKING:
     from dispatch_flops.results.profile import Profile
-    from dispatch_flops.workflows.diffusion import PipelineProfile, PipelineRoofline
-    from dispatch_flops.workflows.generation import GenerationProfile, GenerationRoofline
-    from dispatch_flops.workflows.throughput import ThroughputReading
 
 # a generation's row labels: workflows.generation's ENCODER, PREFILL and DECODE
 _ENCODER, _PREFILL, _DECODE = "encoder", "prefill", "decode"
@@ -121,7 +126,7 @@ def _grouped(x: float) -> str:
 
 
 @_escaped
-def conventions_table(c: conventions.Conventions, width: Optional[int] = None) -> str:
+def conventions_table(c: ConventionsLike, width: Optional[int] = None) -> str:
     """The table: a header saying what the formulas read, one line per convention (notes
     indented below it), then the differences; within ``width`` (the terminal's), at most
     ``results.conventions.WIDTH`` columns."""
@@ -192,7 +197,7 @@ def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
 
 # -- workflows (called directly) -------------------------------------------------------------
 @_escaped
-def generation_roofline_table(roof: GenerationRoofline, width: Optional[int] = None) -> str:
+def generation_roofline_table(roof: GenerationRooflineLike, width: Optional[int] = None) -> str:
     """A row per step (prefill, then each decode step): flops per byte, the compute, memory
     and attainable times, the bound and (timing on) the measured time and the attainable /
     measured ratio; under it the roofline's one line (its repr)."""
@@ -230,7 +235,7 @@ def _roofline_text(roof, rows: list, first: str, timed: bool,
 
 
 @_escaped
-def generation_table(gp: GenerationProfile, width: Optional[int] = None) -> str:
+def generation_table(gp: GenerationProfileLike, width: Optional[int] = None) -> str:
     """Prefill, the first, mean and last decode step, and how much a decode step grows per
     token; the encoder and the work outside the model's calls when there is any."""
     timed = gp.timing
@@ -294,7 +299,7 @@ def generation_table(gp: GenerationProfile, width: Optional[int] = None) -> str:
     return "\n".join(lines[:1] + _prose(lines[1:], fit))
 
 
-def _steps_line(gp: GenerationProfile, sequences: int) -> str:
+def _steps_line(gp: GenerationProfileLike, sequences: int) -> str:
     """What the steps were, in the words of ``generate``'s arguments: each forward call gives
     every sequence one new token, the prefill's included, so ``max_new_tokens=8`` is the
     prefill and 7 decode steps."""
@@ -331,7 +336,7 @@ def _passes(step) -> str:
 
 
 @_escaped
-def pipeline_table(pp: PipelineProfile, width: Optional[int] = None) -> str:
+def pipeline_table(pp: PipelineProfileLike, width: Optional[int] = None) -> str:
     """The components and denoising steps of a pipeline in the order they first ran (more
     than ``PIPELINE_STEPS_SHOWN`` steps: the first, the mean and the last), the work outside
     them and the total; under it the counts per image and how guidance ran."""
@@ -378,7 +383,7 @@ def pipeline_table(pp: PipelineProfile, width: Optional[int] = None) -> str:
 
 
 @_escaped
-def pipeline_roofline_table(roof: PipelineRoofline, width: Optional[int] = None) -> str:
+def pipeline_roofline_table(roof: PipelineRooflineLike, width: Optional[int] = None) -> str:
     """A row per component and per denoising step in the order they ran, and the work
     outside them; under it the roofline's one line (its repr)."""
     timed = roof.measured_image_s is not None
@@ -405,7 +410,7 @@ ALL_OPS_VS_MFU = ("every op's model flops at one peak; Profile.mfu() counts 2 x 
 
 
 @_escaped
-def throughput_text(reading: ThroughputReading) -> str:
+def throughput_text(reading: ThroughputReadingLike) -> str:
     """One line: timed steps, s/step, tokens/s, model and hardware flops per step, MFU / HFU
     and their peak (or why there is none), then the steps left out of the figures."""
     r = reading
