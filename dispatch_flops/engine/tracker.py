@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import OrderedDict
 from types import FrameType
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from torch import nn
 from torch.nn.modules.module import (
@@ -153,6 +154,48 @@ def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module], tup
 
 
 
+class UserHooks:
+    """Module forward hooks another room runs around the tracker's own, as torch's
+    ``ModTracker.register_user_hooks`` gives: a pre-hook ``(module, args)`` runs before the
+    tracker notes a module call (its frame, call count and start), a post-hook
+    ``(module, args, output)`` after it notes the call's end (always, as the tracker's own
+    post-hook). Every module call reaches them; they filter what they need. A counter holds one
+    (``FlopCounter.user_hooks``) and hands it to the tracker it makes on entry, which puts the
+    hooks registered by then around its own: a workflow registers before entering.
+
+    >>> handle = counter.user_hooks.register(pre_fw_hook=snapshot, post_fw_hook=cut)
+    >>> with counter:
+    ...     model(x)
+    >>> handle.remove()
+    """
+
+    def __init__(self) -> None:
+        # ordered dicts: a RemovableHandle holds them weakly
+        self.pre: OrderedDict[int, Callable] = OrderedDict()
+        self.post: OrderedDict[int, Callable] = OrderedDict()
+
+    def register(self, pre_fw_hook: Optional[Callable] = None,
+                 post_fw_hook: Optional[Callable] = None) -> RemovableHandle:
+        """Add the hooks given; ``handle.remove()`` takes both off."""
+        handle = RemovableHandle(self.pre, extra_dict=self.post)
+        if pre_fw_hook is not None:
+            self.pre[handle.id] = pre_fw_hook
+        if post_fw_hook is not None:
+            self.post[handle.id] = post_fw_hook
+        return handle
+
+    def __bool__(self) -> bool:
+        return bool(self.pre or self.post)
+
+    def run_pre(self, module, args) -> None:
+        for hook in list(self.pre.values()):
+            hook(module, args)
+
+    def run_post(self, module, args, output) -> None:
+        for hook in list(self.post.values()):
+            hook(module, args, output)
+
+
 class ModuleTracker(OptimizerSteps):
     """Maintains the running frame of ``model`` through hooks it removes on detach, and tells
     the dispatch mode (through ``state.forward_acc``: ``engine.state``) where ops with no
@@ -165,13 +208,17 @@ class ModuleTracker(OptimizerSteps):
     ``root`` (the root's frame), ``ledger``, ``state``, ``root_calls``, ``every_module``,
     ``model``, ``mode``, ``timer``, ``thread``, ``shared``, ``graph_runs`` and
     ``graph_calls``. The module facts of a result are read from it by
-    ``engine.module_facts``; saved activations are counted by ``engine.saved``.
+    ``engine.module_facts``; saved activations are counted by ``engine.saved``. Other rooms'
+    module hooks run around its own through ``user_hooks`` (``UserHooks``).
     """
 
     def __init__(self, model: Optional[nn.Module], mode: CountingMode, state: CountingState,
                  timer: Optional[Timer] = None, shared: bool = False,
-                 guard: Optional[FrameType] = None, every_module: bool = False):
+                 guard: Optional[FrameType] = None, every_module: bool = False,
+                 user_hooks: Optional[UserHooks] = None):
         self.model = model
+        self.user_hooks = user_hooks if user_hooks is not None else UserHooks()
+        self._user_handles: list[RemovableHandle] = []  # not hook_ids(): compiles see them
         # what a counter sees: module calls of the thread that entered it (and autograd's
         # threads running its backward); when it was entered in a generator or coroutine
         # (``guard``: that frame), only while that frame runs
@@ -248,8 +295,14 @@ class ModuleTracker(OptimizerSteps):
             if self.model is not None:
                 self._name_of, self._modules, self._names = walk_modules(self.model)
                 self.model_facts = facts_of(self.model, self._modules, self._names)
+            user = self.user_hooks
+            if user:  # global hooks run in the order registered: the user's around ours
+                self._user_handles.append(register_module_forward_pre_hook(user.run_pre))
             self._handles.append(register_module_forward_pre_hook(self._push))
             self._handles.append(register_module_forward_hook(self._pop, always_call=True))
+            if user:
+                self._user_handles.append(register_module_forward_hook(user.run_post,
+                                                                       always_call=True))
         except BaseException:
             self.detach()
             raise
@@ -258,14 +311,16 @@ class ModuleTracker(OptimizerSteps):
         """Remove the hooks ``attach`` registered, and any of this tracker's hooks still in
         torch's global hook dicts (an interrupt landing between a registration and its handle
         reaching ``_handles``): safe to call again."""
-        for handle in self._handles:
+        for handle in self._handles + self._user_handles:
             handle.remove()
         self._handles.clear()
+        self._user_handles.clear()
         dicts = [lookup(name) for name in GLOBAL_HOOK_DICTS]
         for hooks in dicts:
             if not hooks:
                 continue
-            for key in [k for k, v in hooks.items() if getattr(v, "__self__", None) is self]:
+            for key in [k for k, v in hooks.items() if any(
+                    getattr(v, "__self__", None) is mine for mine in (self, self.user_hooks))]:
                 for other in dicts:  # always_called holds the same key
                     if other is not None:
                         other.pop(key, None)
