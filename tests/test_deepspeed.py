@@ -32,11 +32,6 @@ from dispatch_flops.results.format import duration
 TINY = GPTConfig(n_layer=2, d_model=32, n_head=2, vocab_size=64, max_seq_len=16)
 
 
-def tiny_gpt():
-    model = helpers.tiny_gpt(TINY)
-    return model, helpers.tiny_ids(config=TINY)
-
-
 def hook_state(model):
     """Every hook registry a profile could touch: global module and optimizer hooks, each
     module's hook dicts, and the dispatch mode stack."""
@@ -80,7 +75,7 @@ def mask_timing(text):
 # -- printout -----------------------------------------------------------------------------
 def test_golden_forward_profile(golden):
     """The full printout of a small GPT forward, timing off: summary, aggregated, detailed."""
-    model, idx = tiny_gpt()
+    model, idx = helpers.tiny_gpt(TINY), helpers.tiny_ids(config=TINY)
     prof = FlopsProfiler(model, timing=False)
     with torch.no_grad():
         prof.start_profile()
@@ -91,7 +86,7 @@ def test_golden_forward_profile(golden):
 
 def test_golden_training_step_profile(golden):
     """A profiled training step prints measured backward and optimizer lines."""
-    model, idx = tiny_gpt()
+    model, idx = helpers.tiny_gpt(TINY), helpers.tiny_ids(config=TINY)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     prof = FlopsProfiler(model, timing=False, batch_size=2)
     with prof:
@@ -110,7 +105,7 @@ def test_golden_training_step_profile(golden):
 def test_printed_module_numbers_equal_by_module():
     """Each detailed line's params, MACs, latency, FLOPS and activation bytes are
     by_module(phase="forward")'s, formatted by the one formatter."""
-    model, idx = tiny_gpt()
+    model, idx = helpers.tiny_gpt(TINY), helpers.tiny_ids(config=TINY)
     prof = FlopsProfiler(model)
     with prof:
         model(idx)
@@ -156,7 +151,7 @@ def test_bert_base_printout_reproduces_seed_macs(tmp_path):
 def test_module_depth_top_modules_and_ignored_modules():
     """module_depth cuts both views, top_modules the aggregated dicts; an ignored class is
     not shown, its work stays in its parent (totals unchanged, ops folded in)."""
-    model, idx = tiny_gpt()
+    model, idx = helpers.tiny_gpt(TINY), helpers.tiny_ids(config=TINY)
     prof = FlopsProfiler(model, timing=False)
     with prof:
         model(idx)
@@ -246,7 +241,7 @@ def test_func_name_profiles_any_method():
 def test_training_loop_profiles_each_step_afresh_and_leaves_no_hooks(tmp_path):
     """The DeepSpeed tutorial's loop: the totals printed at step 5 are those at step 6 (no
     accumulation, with or without reset_profile), and no hook is left behind."""
-    model, idx = tiny_gpt()
+    model, idx = helpers.tiny_gpt(TINY), helpers.tiny_ids(config=TINY)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     before = hook_state(model)
     prof = FlopsProfiler(model)
@@ -285,7 +280,7 @@ def test_training_loop_profiles_each_step_afresh_and_leaves_no_hooks(tmp_path):
 def test_backward_inside_the_profile_is_measured():
     """Backward and optimizer run between start and stop are counted and timed: the summary
     prints their measured flops and latency, not 2 x forward."""
-    model, idx = tiny_gpt()
+    model, idx = helpers.tiny_gpt(TINY), helpers.tiny_ids(config=TINY)
     optimizer = torch.optim.Adam(model.parameters())
     prof = FlopsProfiler(model)
     prof.start_profile()

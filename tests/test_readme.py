@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.models import GPT, GPTConfig
+from dispatch_flops.models import GPTConfig
+from helpers import tiny_gpt
 
 pytestmark = pytest.mark.slow  # the whole README: Trainer, Lightning, torchrun
 
@@ -50,15 +51,13 @@ def every_block() -> list[tuple[Path, int, str, "str | None"]]:
     return [(page, *block) for page in PAGES for block in blocks(page)]
 
 
-def tiny_gpt() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(n_layer=4, d_model=32, n_head=2, vocab_size=64, max_seq_len=16))
+READER_GPT = GPTConfig(n_layer=4, d_model=32, n_head=2, vocab_size=64, max_seq_len=16)
 
 
 def _user_objects() -> dict:
     """The reader's own objects a page may name instead of building them: a tiny model and
     its input. No module (``torch``): a block imports what it uses."""
-    return {"model": tiny_gpt(), "x": torch.randint(0, 64, (2, 8))}
+    return {"model": tiny_gpt(READER_GPT), "x": torch.randint(0, 64, (2, 8))}
 
 
 SETUP = "# Setup:"  # the first line of a page's setup block
