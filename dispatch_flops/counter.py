@@ -18,25 +18,23 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
+from dispatch_flops.engine import active
 from dispatch_flops.engine import compiled as _compiled
 from dispatch_flops.engine import cuda_graphs as _cuda_graphs
 from dispatch_flops.engine import expert_load as _experts
 from dispatch_flops.engine import module_facts as _facts
 from dispatch_flops.engine.expert_load import ExpertLoad
-from dispatch_flops.engine.kineto import KERNELS, TIMINGS, EstimatingTimer, KernelTimer
+from dispatch_flops.engine.kineto import KERNELS, SAMPLE_EVERY, TIMINGS
 from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
-from dispatch_flops.engine.meta import MetaRunner
 from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
 from dispatch_flops.engine.model_cache import holds_dtensor
 from dispatch_flops.engine.records import Captured, engine_cache
 from dispatch_flops.engine.saved import SavedActivations
 from dispatch_flops.engine.state import CountingState
-from dispatch_flops.engine.timing import Relay, Relayed, Timer, cuda_index
-from dispatch_flops.engine.torch_private import (
-    get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
-)
-from dispatch_flops.engine.trace import is_tracing, new_timer, trace_events
-from dispatch_flops.engine.tracker import ModuleTracker, block_frame
+from dispatch_flops.engine.timers import new_timer, runner_for, unrelay
+from dispatch_flops.engine.timing import Timer, cuda_index
+from dispatch_flops.engine.trace import is_tracing, trace_events
+from dispatch_flops.engine.tracker import ModuleTracker, UserHooks, block_frame
 from dispatch_flops.formulas import REGISTRY, Registry
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
 from dispatch_flops.results.profile import Profile
@@ -66,8 +64,9 @@ class FlopCounter(ProfileViews):
     it takes such a kernel to skip the masked pairs exactly (hardware = model), the old way
     to count causal pairs, which ``model_flops`` gives; read that instead.
     ``timing=True`` also measures latency. On CUDA each op gets the time of the kernels it
-    launched (Kineto/CUPTI, recorded on one block in ten per model and reused on the others;
-    see ``engine.kineto`` and docs/timing.md), each module call its kernels' span and the
+    launched (Kineto/CUPTI, recorded on one block in ``kernel_sampling`` (10) per model and
+    reused on the others, 1 records every block; see ``engine.kineto`` and docs/timing.md),
+    each module call its kernels' span and the
     idle time inside it; where Kineto cannot record, a warning, and module boundaries only.
     ``timing="events"`` instead brackets every CUDA op with two CUDA events on its stream
     (which time the stream, gaps included, not the kernel). Ops on no CUDA device get
@@ -90,6 +89,7 @@ class FlopCounter(ProfileViews):
         trace: bool = False,
         timing: Union[bool, str] = False,
         saved_activations: bool = False,
+        kernel_sampling: int = SAMPLE_EVERY,
     ):
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
@@ -106,6 +106,11 @@ class FlopCounter(ProfileViews):
         if isinstance(timing, str) and timing not in TIMINGS:
             raise ValueError(f"timing must be one of True, False, {', '.join(map(repr, TIMINGS))}"
                              f", got {timing!r}")
+        if isinstance(kernel_sampling, bool) or not isinstance(kernel_sampling, int) or \
+                kernel_sampling < 1:
+            raise ValueError(f"kernel_sampling must be a whole number of blocks, 1 or more (1: "
+                             f"record kernels on every block; {SAMPLE_EVERY}: the default), "
+                             f"got {kernel_sampling!r}")
         for flag, value in (("timing", timing in TIMINGS or timing),
                             ("saved_activations", saved_activations), ("trace", trace)):
             if not isinstance(value, bool):
@@ -121,6 +126,7 @@ class FlopCounter(ProfileViews):
         # CUDA ops timed by their kernels (engine.kineto) unless per-op events are asked for
         self._kernels = timing is True or timing == KERNELS
         self.saved_activations = saved_activations
+        self.kernel_sampling = kernel_sampling  # with timing=True on CUDA and a model
         self.root_label = type(model).__name__ if model is not None else GLOBAL
         self._mode: Optional[CountingMode] = None
         self._tracker: Optional[ModuleTracker] = None
@@ -138,6 +144,8 @@ class FlopCounter(ProfileViews):
         self._profile: Optional[Profile] = None
         # with no model, name every module called, torch's way (FlopCounterMode sets it)
         self._every_module = False
+        # module hooks the tracker runs around its own (engine.tracker.UserHooks): workflows'
+        self.user_hooks = UserHooks()
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "FlopCounter":
@@ -145,16 +153,9 @@ class FlopCounter(ProfileViews):
             raise RuntimeError("this FlopCounter is already counting; nest a new FlopCounter")
         self._allow_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
         timer = new_timer(self.trace, self._cuda_devices(), kernels=self._kernels,
-                          model=self.model) if self.timing else None
-        runner: Union[Timer, MetaRunner, Relayed, None] = \
-            timer if timer is not None else MetaRunner() if self._on_meta() else None
-        relay = _relay_below(timer) if timer is not None else None
-        if relay is not None and timer is not None:  # nested: time by the bottom mode's clock
-            runner = Relayed(timer)
-            if isinstance(_bottom_clock(), KernelTimer) != isinstance(timer, KernelTimer):
-                # the clock below hands out tokens of the other kind: count, untimed
-                warnings.warn(_MIXED_CLOCKS, stacklevel=2)
-                runner = Relayed(_CallsOnly())
+                          model=self.model, sampling=self.kernel_sampling) \
+            if self.timing else None
+        runner, relay = runner_for(timer, timer is None and self._on_meta())
         # a block a generator or coroutine owns is counted only while it runs (see
         # GuardedCountingMode); a context manager's body's block is its caller's (block_frame)
         guard = block_frame(_user_frame())
@@ -170,7 +171,8 @@ class FlopCounter(ProfileViews):
             # what counting changes, one object: the mode and tracker write its parts
             state = CountingState(ledger if ledger is not None else Ledger())
             tracker = parts.tracker = ModuleTracker(
-                self.model, mode, state, timer, ledger is not None, guard, self._every_module)
+                self.model, mode, state, timer, ledger is not None, guard, self._every_module,
+                self.user_hooks)
             mode.bind(tracker, state)
             tracker.attach()
             facts = tracker.model_facts
@@ -189,13 +191,11 @@ class FlopCounter(ProfileViews):
                 parts.saved = SavedActivations(tracker, self.model)
                 tracker.watch_saved(parts.saved)
                 saved_tensors_hooks(parts.saved.pack, parts.saved.unpack).__enter__()
-            parts.compiled = True
-            _compiled.enter(mode, tracker)
-            parts.graphs = True
-            _cuda_graphs.enter(mode, tracker)
+            parts.counting = True
+            active.enter(mode, tracker)  # compiled graphs and CUDA graphs follow it
         except BaseException:
             _undo(parts.steps(self, None))  # what it raises is second to what got here
-            if isinstance(timer, KernelTimer):  # its Kineto session would outlive the block
+            if timer is not None:  # a Kineto session would outlive the block
                 timer.close()
             self._parts = None
             raise
@@ -302,13 +302,12 @@ class FlopCounter(ProfileViews):
         types, params = self._at_exit[1] if self._at_exit is not None and not self._active \
             else _facts.types_and_params(tracker)
         graph_runs, in_graphs = _compiled.graph_facts(tracker)
-        timer = self._timer
-        resolved = timer is not None and not self._active
+        timer = self._timer if not self._active else None  # resolved: its facts are in
         facts = ModuleFacts(
             names=_facts.names(tracker), types=types, params=params,
             calls=calls, spans=_facts.spans(tracker, calls) if self.timing else {},
             idle=_facts.spans(tracker, calls, timer.idle_of)
-            if resolved and isinstance(timer, KernelTimer) and timer.facts() else {},
+            if timer is not None and timer.measures_idle and timer.facts() else {},
             saved=self._saved.by_stack(tracker.ledger.frames) if self._saved is not None
             else {},
             graph_runs=graph_runs, in_graphs=in_graphs)
@@ -321,9 +320,7 @@ class FlopCounter(ProfileViews):
             parameters=_facts.parameter_groups(tracker, mode.resolved),
             pipeline=tracker.state.pipeline_actions(),
             experts=self._experts.facts() if self._experts is not None else (),
-            kernels=timer.facts() if resolved and isinstance(timer, (KernelTimer,
-                                                                      EstimatingTimer))
-            else {})
+            kernels=timer.facts() if timer is not None else {})
 
     def _make(self, captured: tuple) -> Profile:
         counts, facts, run = captured
@@ -331,7 +328,7 @@ class FlopCounter(ProfileViews):
         assert tracker is not None and mode is not None  # entered: see to_profile
         rows = counts.rows(self.attention == "causal")  # the deprecated option, applied here
         rows += _cuda_graphs.uncounted_rows(tracker)  # replays of graphs captured uncounted
-        if isinstance(self._timer, KernelTimer) and not self._active:  # kernels no op launched
+        if self._timer is not None and not self._active:  # kernels no op launched
             rows += self._timer.outside_rows(tracker.ledger.frames, tracker.ledger.root.stack)
         trace = None
         if is_tracing(self._timer) and not self._active:
@@ -437,54 +434,6 @@ def _rank_and_world() -> tuple:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _relay_below(timer: Timer):
-    """When a counting mode is already on the dispatch stack, a timed counter entered now sits
-    above it: the op it times would include the counting work below. The bottom counting mode
-    (the one that runs the op itself) gets a ``Relay`` runner instead, which times the op alone
-    and hands the modes above the token (returned here, to be undone on exit); ``_ALREADY``
-    when it relays already; None when there is no mode below, or it counts on meta."""
-    below = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, CountingMode)]
-    if not below:
-        return None
-    bottom = below[0]
-    if isinstance(bottom.runner, Relay):
-        return _ALREADY
-    if isinstance(bottom.runner, MetaRunner):
-        return None
-    relay = Relay(bottom.runner, timer, bottom)
-    bottom.runner = relay
-    return relay
-
-
-_ALREADY = object()  # a relay below already serves this counter: nothing to undo
-_MIXED_CLOCKS = (
-    'dispatch_flops: a timed counter nested in another takes its op times from the clock '
-    'below, and kernel time (timing=True on CUDA) and per-op events (timing="events") cannot '
-    "share one: this counter's ops are counted untimed")
-
-
-def _bottom_clock():
-    """The clock timing ops for the modes above the bottom counting mode (its Relay's)."""
-    below = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, CountingMode)]
-    runner = below[0].runner if below else None
-    return runner.clock if isinstance(runner, Relay) else runner
-
-
-class _CallsOnly(Timer):
-    """Counts calls, adds no time (a nested counter whose clock below it cannot read)."""
-
-    def __init__(self) -> None:
-        pass
-
-    def add(self, counts: list, index: int, token) -> None:
-        counts[0] += 1
-
-
-def _unrelay(relay) -> None:
-    if isinstance(relay, Relay) and relay.mode.runner is relay:
-        relay.mode.runner = relay.runner
-
-
 def _user_frame() -> Optional[FrameType]:
     """The innermost frame outside this package: where the user entered the counter (through
     a subclass or ``FlopsProfiler.start_profile`` too)."""
@@ -500,7 +449,7 @@ class _Parts:
     them off again, in reverse, each step safe to run twice."""
 
     __slots__ = ("mode", "relay", "ledger", "tracker", "experts", "saved", "mode_entered",
-                 "compiled", "graphs")
+                 "counting")
 
     def __init__(self, mode: CountingMode, relay):
         self.mode, self.relay = mode, relay
@@ -508,7 +457,7 @@ class _Parts:
         self.tracker: Optional[ModuleTracker] = None
         self.experts: Optional[ExpertLoad] = None
         self.saved: Optional[SavedActivations] = None
-        self.mode_entered = self.compiled = self.graphs = False
+        self.mode_entered = self.counting = False
 
     def steps(self, counter: FlopCounter, exc: Optional[tuple]) -> list:
         """The undo steps: ``exc`` is the block's exception triple when the counter was
@@ -519,15 +468,13 @@ class _Parts:
             steps.append(saved.leave)
         if self.mode_entered:
             steps.append(lambda: exit_mode(mode, *(exc or (None, None, None))))
-        if self.compiled:
-            steps.append(lambda: _compiled.leave(mode))
-        if self.graphs:
-            steps.append(lambda: _cuda_graphs.leave(mode))
+        if self.counting:
+            steps.append(lambda: active.leave(mode))
         if tracker is not None:
             steps.append(tracker.detach)
         if self.experts is not None:
             steps.append(self.experts.detach)
-        steps.append(lambda: _unrelay(self.relay))
+        steps.append(lambda: unrelay(self.relay))
         if exc is not None and tracker is not None:
             steps += [counter._wall_ends, lambda: counter._closes(tracker)]
         elif tracker is not None:

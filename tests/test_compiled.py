@@ -212,8 +212,8 @@ def test_graphs_outside_a_counter_cost_one_call():
     assert (list(callback_handler.start_callbacks), list(callback_handler.end_callbacks)) \
         == before
     assert not torch.nn.modules.module._global_forward_pre_hooks
-    from dispatch_flops.engine import compiled as _compiled
-    assert not _compiled.ACTIVE
+    from dispatch_flops.engine import active
+    assert not active.COUNTING
 
 
 @runs_compiled

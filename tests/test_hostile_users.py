@@ -18,7 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 import strategies
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine import compiled, tracker
+from dispatch_flops.engine import active, compiled, tracker
 
 # -- entering and leaving is all or nothing ----------------------------------------------------
 
@@ -46,7 +46,7 @@ def _globals() -> tuple:
              optim_globals._global_optimizer_pre_hooks,
              optim_globals._global_optimizer_post_hooks)
     return (tuple(len(d) for d in hooks), tuple(_get_current_dispatch_mode_stack()),
-            top_saved_tensors_hooks(False), len(compiled.ACTIVE))
+            top_saved_tensors_hooks(False), len(active.COUNTING))
 
 
 def _module_hooks(model) -> list:
@@ -69,8 +69,8 @@ class Interrupts:
         (TorchDispatchMode, "__exit__"),
         (saved_tensors_hooks, "__enter__"),
         (saved_tensors_hooks, "__exit__"),
-        (compiled, "enter"),
-        (compiled, "leave"),
+        (active, "enter"),
+        (active, "leave"),
     ]
 
     def __init__(self, monkeypatch, k: int, after: bool):

@@ -124,14 +124,13 @@ def test_timing_must_be_a_known_value():
 
 
 def test_kernels_recorded_on_one_block_in_k_and_reused_on_the_others(gpu, monkeypatch):
-    """With a model, Kineto records one block in SAMPLE_EVERY; the blocks between reuse each
-    signature's kernel time per call; a new signature makes the next block sampled."""
-    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 3)
+    """With a model, Kineto records one block in ``kernel_sampling``; the blocks between reuse
+    each signature's kernel time per call; a new signature makes the next block sampled."""
     model, x = model_and_input()
     times, estimated = [], []
     for _ in range(4):
         model.zero_grad(set_to_none=True)  # else step 1 accumulates grads: new signatures
-        with FlopCounter(model, timing="kernels") as fc:
+        with FlopCounter(model, timing="kernels", kernel_sampling=3) as fc:
             model(x).sum().backward()
         times.append({op: s.latency_s for op, s in fc.by_operator().items()
                       if not op.startswith("kernel:")})
@@ -139,12 +138,23 @@ def test_kernels_recorded_on_one_block_in_k_and_reused_on_the_others(gpu, monkey
     assert estimated == [False, True, True, False] and len(gpu) == 2
     for step in (1, 2):
         assert times[step] == pytest.approx(times[0]), step
-    with FlopCounter(model, timing="kernels") as fc:  # a new shape: signatures never measured
-        model(torch.randn(6, 8))
+    with FlopCounter(model, timing="kernels", kernel_sampling=3) as fc:  # a new shape: its
+        model(torch.randn(6, 8))  # signatures never measured
     assert fc.timer.estimated and fc.by_operator()["aten.addmm"].latency_s == 0
-    with FlopCounter(model, timing="kernels") as fc:
+    with FlopCounter(model, timing="kernels", kernel_sampling=3) as fc:
         model(torch.randn(6, 8))
     assert not fc.timer.estimated  # measured at once
+    with FlopCounter(model, timing="kernels", kernel_sampling=2) as fc:  # another schedule
+        model(torch.randn(6, 8))
+    assert not fc.timer.estimated  # starts afresh: its first block is recorded
+
+
+def test_kernel_sampling_is_a_whole_number_of_blocks():
+    """``kernel_sampling`` names what it takes, like ``timing``."""
+    for bad in (0, -1, 2.5, True, "10", None):
+        with pytest.raises(ValueError, match="kernel_sampling must be a whole number"):
+            FlopCounter(kernel_sampling=bad)
+    assert FlopCounter().kernel_sampling == 10 and FlopCounter(kernel_sampling=1)
 
 
 def test_unavailable_names_why(monkeypatch):
@@ -181,16 +191,15 @@ def test_a_step_whose_wall_drifts_from_the_reused_times_is_measured_again(gpu, m
     """Between sampled steps the block's wall (CUDA events at its boundaries: the fake
     device's ticks) is compared with the op times reused, as a ratio to the first reusing
     step's: the fake device made twice as slow, the reused times no longer describe the
-    step, and the next one records kernels again, long before SAMPLE_EVERY."""
+    step, and the next one records kernels again, long before ``kernel_sampling``."""
     import fake_cuda
 
-    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 100)
     model, x = model_and_input()
     profiles = []
 
     def step():
         model.zero_grad(set_to_none=True)
-        with FlopCounter(model, timing="kernels") as fc:
+        with FlopCounter(model, timing="kernels", kernel_sampling=100) as fc:
             model(x).sum().backward()
         profiles.append(fc.to_profile())
         return fc.timer
@@ -326,12 +335,11 @@ def test_idle_inside_modules_and_the_joins_findings_are_profile_data(gpu):
 def test_the_schedule_holds_when_no_block_is_read(gpu, monkeypatch):
     """A loop that never reads its counters (a benchmark, a long run read at the end): the
     recorded block is joined when the next one begins, so the blocks after it reuse its
-    times and the schedule keeps one recorded block in SAMPLE_EVERY."""
-    monkeypatch.setattr(_kineto, "SAMPLE_EVERY", 3)
+    times and the schedule keeps one recorded block in ``kernel_sampling``."""
     model, x = model_and_input()
     counters = []
     for _ in range(4):
-        with FlopCounter(model, timing="kernels") as fc:
+        with FlopCounter(model, timing="kernels", kernel_sampling=3) as fc:
             model(x)
         counters.append(fc)
     assert [fc.timer.estimated for fc in counters] == [False, True, True, False]

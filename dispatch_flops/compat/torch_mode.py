@@ -17,7 +17,6 @@ What torch's counter does that a ``FlopCounter`` does not, this class adds:
 from __future__ import annotations
 
 import warnings
-from bisect import bisect_right
 from typing import Optional
 
 import torch
@@ -25,8 +24,6 @@ import torch.utils.flop_counter as torch_flop_counter
 
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.engine.torch_private import TorchDispatchMode
-from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
-from dispatch_flops.engine.tracker import ACCUMULATE_GRAD_SEQ
 from dispatch_flops.results.stats import ROOT
 from dispatch_flops.results.torch_figures import TORCH_GLOBAL, torch_flop_counts
 from dispatch_flops.views.torch_table import torch_table
@@ -156,17 +153,10 @@ class FlopCounterMode(FlopCounter):
         """Call a torch-format formula as torch does, and charge its flops to the modules
         running: in backward, those whose forward made the autograd node (as the engine)."""
         flops = formula(*args, **kwargs, out_val=out)
-        tracker, counting = self._tracker, self._mode
-        assert tracker is not None and counting is not None, "only called inside the block"
-        node, state = _current_node(), tracker.state
-        if node is None or state.recomputing:
-            frame = tracker.current
-        elif node._sequence_nr() == ACCUMULATE_GRAD_SEQ:
-            frame = tracker.frame_of_accumulation(node)
-        else:
-            at = bisect_right(state.boundary_seqs, node._sequence_nr()) - 1
-            frame = state.boundary_frames[at]
-        index = (frame.stack, key)
+        counting = self._mode
+        found = counting.attribution() if counting is not None else None
+        assert found is not None, "only called inside the block"
+        index = (found[0].stack, key)
         self._extra[index] = self._extra.get(index, 0) + flops
 
     # -- torch's reading API ----------------------------------------------------------------

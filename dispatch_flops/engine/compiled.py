@@ -61,7 +61,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine import flex, masks
+from dispatch_flops.engine import active, flex
 from dispatch_flops.engine import module_facts as facts
 from dispatch_flops.engine.ledger import Frame
 from dispatch_flops.engine.records import CALLS, NS, TALLY
@@ -76,9 +76,8 @@ from dispatch_flops.results.stats import PHASES, ROOT
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
 
-# (mode, tracker) of every counter counting now; graphs look here on every run
-ACTIVE: list = []
-_LOCK = threading.RLock()  # _wrap_compiler may run inside enter's import of dynamo
+_COUNTING = active.COUNTING  # graphs look here on every run (engine.active)
+_LOCK = threading.RLock()  # _wrap_compiler may run inside a counter's import of dynamo
 
 
 def has_ignore_compile_internals() -> bool:
@@ -204,14 +203,12 @@ class Graph:
         self.runs = 0  # runs counted, over every counter (tests read it)
 
     def __call__(self, *args, **kwargs):
-        if not ACTIVE:
+        if not _COUNTING:
             return self.compiled(*args, **kwargs)
         return self._counted(args, kwargs)
 
     def _counted(self, args, kwargs):
-        ident = threading.get_ident()
-        mine = [(m, t) for m, t in ACTIVE if t.thread == ident and t.mode is m
-                and m.tracker is t]
+        mine = active.counting_here()
         if not mine:
             return self.compiled(*args, **kwargs)
         shapes = tuple(a.shape if isinstance(a, Tensor) else a for a in args
@@ -324,14 +321,13 @@ class Graph:
         frames = _FrameMap(tracker, running, self._renames(tracker, args))
         pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
-        flex.PRICING.append(pricing)
-        masks.FAKE_PRICING.append(pricing)
+        active.PRICING.append(pricing)
         try:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else _nullcontext():
                 outs = _Interpreter(self.gm, frames).run(*fake)
                 tracker.current = running
-                tracker.state.forward_acc = saved[0]
+                tracker.state.aim(saved[0])
                 middle = list(map(_calls, records))
                 found[0] = _tallied(records)
                 outs = _sinks([o for o in _flat(outs)
@@ -352,8 +348,7 @@ class Graph:
             raise
         finally:
             _restore_tallies(records, held)
-            masks.FAKE_PRICING.remove(pricing)
-            flex.PRICING.remove(pricing)
+            active.PRICING.remove(pricing)
             tracker.current = running
             tracker.state.restore(saved)
         after = list(map(_calls, records))
@@ -599,7 +594,7 @@ def _backward_without(backward):
             _add_backward(adds)
         if timed:
             timed = [(timer, times) for timer, times, tracker in timed
-                     if any(t is tracker for _, t in ACTIVE)]
+                     if any(t is tracker for t in active.trackers())]
         marks = [timer.mark() for timer, _ in timed] if timed else timed
         try:
             with Without(modes):
@@ -845,7 +840,7 @@ def _wrap_compiler() -> None:
         _INSTALLED.append(original)
         if not has_ignore_compile_internals():
             _watch_skips()
-        if ACTIVE:  # dynamo imported inside a counter's block: hide its hooks from now on
+        if _COUNTING:  # dynamo imported inside a counter's block: hide its hooks from now on
             _register_callbacks()
 
 
@@ -876,7 +871,7 @@ def _watch_skips() -> None:
 
     def __call__(self, frame, *args, **kwargs):
         result = original(self, frame, *args, **kwargs)
-        if ACTIVE and getattr(result, "guarded_code", True) is None and \
+        if _COUNTING and getattr(result, "guarded_code", True) is None and \
                 is_in_torch_dispatch_mode(include_infra_modes=False):
             _SKIPPED.add(frame.f_code)
         return result
@@ -912,7 +907,7 @@ def _hide_hooks(*_) -> None:
     """At a compile's start: take the counters' hooks out of torch's global hook dicts, so
     that dynamo neither traces them into the graph nor breaks it at every module call."""
     mine = set()
-    for _, tracker in list(ACTIVE):
+    for tracker in active.trackers():
         mine.update(tracker.hook_ids())
     if not mine:
         return
@@ -942,26 +937,27 @@ def _register_callbacks() -> None:
         handler.register_end_callback(_show_hooks)
 
 
-def enter(mode, tracker) -> None:
-    """A counter starts: its graphs count, its hooks are hidden from compiles."""
+def _first_counter() -> None:
+    """The first counter starts: its graphs count, its hooks are hidden from compiles."""
     with _LOCK:
-        if not ACTIVE:
-            if not _INSTALLED and _DYNAMO in sys.modules:  # imported past the finder
-                _wrap_compiler()
-            _register_callbacks()
-        ACTIVE.append((mode, tracker))
+        if not _INSTALLED and _DYNAMO in sys.modules:  # imported past the finder
+            _wrap_compiler()
+        _register_callbacks()
 
 
-def leave(mode) -> None:
+def _last_counter() -> None:
+    """No counter counts any more: skipped codes back, compile callbacks off."""
     with _LOCK:
-        ACTIVE[:] = [(m, t) for m, t in ACTIVE if m is not mode]
-        if not ACTIVE:
-            _restore_skipped()
-            handler = _callbacks()
-            if handler is not None:
-                for remove, fn in ((handler.remove_start_callback, _hide_hooks),
-                                   (handler.remove_end_callback, _show_hooks)):
-                    try:
-                        remove(fn)
-                    except ValueError:
-                        pass
+        _restore_skipped()
+        handler = _callbacks()
+        if handler is not None:
+            for remove, fn in ((handler.remove_start_callback, _hide_hooks),
+                               (handler.remove_end_callback, _show_hooks)):
+                try:
+                    remove(fn)
+                except ValueError:
+                    pass
+
+
+active.when_first(_first_counter)
+active.when_last(_last_counter)

@@ -37,7 +37,6 @@ another thread than the counter's.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections import Counter
 from contextlib import ExitStack
@@ -45,7 +44,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from dispatch_flops.engine.kineto import KernelTimer, replayed
+from dispatch_flops.engine import active
 from dispatch_flops.engine.ledger import BACKWARD_I, Frame
 from dispatch_flops.engine.records import CALLS, NS, SIGNATURE
 from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack as _mode_stack
@@ -59,8 +58,7 @@ REPLAY_ROW = "cuda_graph:replay"  # the operator of a replay whose graph has no 
 TARGETS: list = ["CUDAGraph"]
 _METHODS = ("capture_begin", "capture_end", "replay")
 
-_LOCK = threading.RLock()
-_COUNTERS: list = []  # (mode, tracker) of every counter counting now
+_COUNTING = active.COUNTING  # (mode, tracker) of every counter counting now
 _PATCHED: list = []  # (class, method name, the class's own function)
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> PerReplay
 _CAPTURING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> _Capture
@@ -159,7 +157,7 @@ def _targets(variant: _Variant, mode, ledger, home: Optional[Frame], by_stack: b
             mode.book(rec)
         op_id = op.key if op.key.__class__ is int else op.key[0]
         if op_id not in mode.resolved and op.func is not None:  # another registry
-            mode._resolve(op.func)
+            mode.resolve(op.func)
         records.append(rec)
     frames = [(_frame_at(ledger, stack), calls) for stack, calls in variant.module_calls] \
         if by_stack else []
@@ -180,7 +178,7 @@ class _Capture:
                                 tracker.root_calls))
         self.annotations = annotations
         self.labels: dict = {}  # op label -> the record the op was counted in (annotated)
-        self.swapped: Optional[tuple] = None  # (mode, its runner before)
+        self.swapped: Optional[tuple] = None  # (mode, the _Annotating it put around its runner)
 
     def finish(self, nodes: dict) -> Optional[PerReplay]:
         """Every count the capture added, taken out and returned as per-replay counts
@@ -320,24 +318,16 @@ ANNOTATIONS: Callable[[], Any] = TorchAnnotations  # what names graph nodes (the
 # -- the wrapped methods --------------------------------------------------------------------
 
 
-def _counting_here() -> list:
-    """The counters counting on this thread with their mode on the dispatch stack."""
-    ident = threading.get_ident()
-    stack = _mode_stack()
-    return [(m, t) for m, t in list(_COUNTERS)
-            if t.thread == ident and m.tracker is t and any(s is m for s in stack)]
-
-
 _INSIDE: set = set()  # (graph id, method) being followed: a subclass's super() call passes
 
 
 def _capture_begin(original):
     def capture_begin(self, *args, **kwargs):
-        counters = _counting_here() if _COUNTERS else []
+        counters = active.counting_here(on_stack=True) if _COUNTING else []
         if not counters or (id(self), "begin") in _INSIDE:
             return original(self, *args, **kwargs)
         # graph nodes are named only for kernel timing (what their time goes to)
-        annotations = ANNOTATIONS() if any(isinstance(t.timer, KernelTimer)
+        annotations = ANNOTATIONS() if any(t.timer is not None and t.timer.kernel_tokens
                                            for _, t in counters) else None
         if annotations is not None and not annotations.available():
             annotations = None
@@ -352,8 +342,8 @@ def _capture_begin(original):
             # the bottom counting mode runs the op (the ones above relay or re-dispatch)
             bottom: Any = next(c for m in _mode_stack() for c, _ in counters if m is c)
             annotations.begin()
-            capture.swapped = (bottom, bottom.runner)
-            bottom.runner = _Annotating(bottom.runner, capture)
+            capture.swapped = (bottom, bottom.wrap_runner(
+                lambda runner: _Annotating(runner, capture)))
         return result
 
     return capture_begin
@@ -365,9 +355,8 @@ def _capture_end(original):
         if capture is None:
             return original(self, *args, **kwargs)
         if capture.swapped is not None:
-            mode, runner = capture.swapped
-            if isinstance(mode.runner, _Annotating):
-                mode.runner = runner
+            mode, annotating = capture.swapped
+            mode.unwrap_runner(annotating)
         ok = False
         try:
             result = original(self, *args, **kwargs)
@@ -385,7 +374,7 @@ def _capture_end(original):
 
 def _replay(original):
     def replay(self, *args, **kwargs):
-        counters = _counting_here() if _COUNTERS else []
+        counters = active.counting_here(on_stack=True) if _COUNTING else []
         if not counters or (id(self), "replay") in _INSIDE:
             return original(self, *args, **kwargs)
         per = _GRAPHS.get(self)
@@ -399,7 +388,7 @@ def _replay(original):
                 found = per.targets(mode, tracker)
                 adds.append((tracker, found))
                 timer = tracker.timer
-                if isinstance(timer, KernelTimer) and not timed:
+                if timer is not None and timer.kernel_tokens and not timed:
                     timed = True
                     variant, records = found[0], found[1]
                     nodes = {tools_id: [(records[i], NS)] for tools_id, i in
@@ -417,7 +406,8 @@ def _replay(original):
                 _note_uncounted(tracker)
             else:
                 PerReplay.add(tracker, *found)
-                replayed(tracker.timer, found[1])
+                if tracker.timer is not None:
+                    tracker.timer.replayed(found[1])
         return result
 
     return replay
@@ -486,22 +476,15 @@ def _unpatch() -> None:
         setattr(cls, name, original)
 
 
-def enter(mode, tracker) -> None:
-    """A counter starts: captures and replays are followed while it counts."""
-    with _LOCK:
-        if not _COUNTERS:
-            _patch()
-        _COUNTERS.append((mode, tracker))
+def _leaving(mode) -> None:
+    """A counter leaves: a capture of its that never ended gives its runner back."""
+    for capture in list(_CAPTURING.values()) if _CAPTURING else ():
+        swapped = capture.swapped
+        if swapped is not None and swapped[0] is mode:
+            mode.unwrap_runner(swapped[1])
 
 
-def leave(mode) -> None:
-    with _LOCK:
-        _COUNTERS[:] = [(m, t) for m, t in _COUNTERS if m is not mode]
-        # a capture never ended: its runner back
-        for capture in list(_CAPTURING.values()) if _CAPTURING else ():
-            swapped = capture.swapped
-            if swapped is not None and swapped[0] is mode and \
-                    isinstance(mode.runner, _Annotating):
-                mode.runner = swapped[1]
-        if not _COUNTERS:
-            _unpatch()
+# captures and replays are followed while a counter counts
+active.when_first(_patch)
+active.when_leaving(_leaving)
+active.when_last(_unpatch)

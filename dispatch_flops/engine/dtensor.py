@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import ValuesView
-from types import FrameType, MethodType
+from types import FrameType
 from typing import Optional
 
 import torch
@@ -73,19 +73,15 @@ class LogicalFigure:
         traces the op's decomposition on meta tensors once per candidate placement
         (``torch.distributed.tensor._decompositions``, thousands of ops for one attention):
         those ops are its bookkeeping, not work this rank executes."""
-        # An instance attribute shadows the class's __torch_dispatch__ (torch looks it up on
-        # the mode object): only a mode that has met a DTensor pays for the fake-mode check
-        # on every op; every other mode keeps the plain hot path.
-        # torch asks that it be a method of the mode itself (its __self__ the mode)
-        self.mode.__dict__["__torch_dispatch__"] = MethodType(outside_sharding_propagation,
-                                                              self.mode)
+        # only a mode that has met a DTensor pays for the fake-mode check on every op
+        self.mode.divert(outside_sharding_propagation)
 
     def followed(self, func, types, args, kwargs, caller):
         """Count the call (``caller``: the frame that made it), then follow it into the
         logical figure (``local``)."""
         self.caller = caller
         mode = self.mode
-        out = type(mode).__torch_dispatch__(mode, func, types, args, kwargs)
+        out = mode.counted(func, types, args, kwargs)
         if out is not NotImplemented:
             self.local(func, args, kwargs, out, caller)
         return out
@@ -100,7 +96,7 @@ class LogicalFigure:
         inputs' largest shard factor (one for a replica), which its outputs take. A
         collective keeps the global elements (an all-gather's output is whole)."""
         shards = self.shards
-        resolved = self.mode.resolved.get(id(func)) or self.mode._resolve(func)
+        resolved = self.mode.resolved.get(id(func)) or self.mode.resolve(func)
         inputs = _tensors(args) + (_tensors(kwargs.values()) if kwargs else [])
         factor = 1
         if shards:
@@ -143,8 +139,8 @@ class LogicalFigure:
         key = (factor,) + call
         rec = self.records.get(key)
         if rec is None:
-            resolved = self.mode.resolved.get(id(func)) or self.mode._resolve(func)
-            shared = self.mode._shared_logical
+            resolved = self.mode.resolved.get(id(func)) or self.mode.resolve(func)
+            shared = self.mode.logical_signatures
             worked = shared.get(call)  # every counter's: worked out once per process
             if worked is None:
                 signature = None
@@ -172,7 +168,7 @@ class LogicalFigure:
             rec = self.records[key] = [0, worked[0], resolved, shapes, factor, worked[1]]
         rec[0] += 1
         if factor is None:  # the local work DTensor runs next is this call's
-            caller = self.caller if "__torch_dispatch__" in self.mode.__dict__ \
+            caller = self.caller if self.mode.diverted \
                 else sys._getframe().f_back.f_back  # type: ignore[union-attr]
             frame, kind = _origin(caller)
             # a DTensor-level call DTensor's own code makes (redistributing a bias) is part

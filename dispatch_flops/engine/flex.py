@@ -32,6 +32,7 @@ import weakref
 import torch
 from torch import Tensor
 
+from dispatch_flops.engine.active import PRICING  # the compiled graphs priced now
 from dispatch_flops.engine.masks import TALLY, Tally, give_tally, has_values, rates
 from dispatch_flops.engine.records import CALLS, Signature
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
@@ -140,9 +141,6 @@ class Pricing:
         if any(i == -1 for _, i in parts + kept):
             return
         self.tallies.append(RunTally(rec, backward, shapes, parts, kept, self.block_sparse))
-
-
-PRICING: list[Pricing] = []  # the compiled graphs being priced now, innermost last
 
 
 class RunTally:

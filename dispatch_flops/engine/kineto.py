@@ -98,6 +98,8 @@ class KernelTimer(Timer):
 
     cuda = True  # times land when results are read
     estimated = False  # EstimatingTimer's: op times reused from a sampled block
+    kernel_tokens = True
+    measures_idle = True
 
     def __init__(self, session=None, sampler: Optional[Sampler] = None) -> None:
         super().__init__()
@@ -222,6 +224,12 @@ class KernelTimer(Timer):
             with suppress(Exception):
                 self.session.stop()
 
+    def replayed(self, records) -> None:
+        """A CUDA graph replay added to ``records``: this block learns their kernel time per
+        call."""
+        for rec in records:
+            self._records[id(rec)] = (rec, NS)
+
     def idle_of(self, frame) -> int:
         """ns the device sat idle inside ``frame``'s module calls (``resolve`` first)."""
         return self._idle.get(id(frame.span), 0)
@@ -311,6 +319,11 @@ class EstimatingTimer(ModuleEventTimer):
             self._wall = (counts, index, counts[index])
         super().span(counts, index, start, end)
 
+    def replayed(self, records) -> None:
+        """A CUDA graph replay added to ``records``: they get their estimate."""
+        for rec in records:
+            self._records[id(rec)] = (rec, NS)
+
     def facts(self) -> dict:
         """``RunFacts.kernels`` of this block (``resolve`` first)."""
         return {"reused_steps": 1, "reused_ns": self.reused_ns, "drifts": int(self.drifted)}
@@ -335,14 +348,6 @@ class EstimatingTimer(ModuleEventTimer):
             counts, index, before = self._wall
             self.wall_ns = counts[index] - before
         self.drifted = self.sampler.step_done(self.wall_ns, reused)
-
-
-def replayed(timer, records) -> None:
-    """A CUDA graph replay added to ``records`` (engine.cuda_graphs): a sampled block learns
-    their kernel time per call, a block between samples gives them their estimate."""
-    if isinstance(timer, (KernelTimer, EstimatingTimer)):
-        for rec in records:
-            timer._records[id(rec)] = (rec, NS)
 
 
 def _by_signature(records, with_ns: bool) -> dict:
@@ -383,7 +388,7 @@ _warned: set = set()
 SESSION: Callable[[], object] = KinetoSession  # what records a block (the tests' CPU stand-in)
 
 
-SAMPLE_EVERY = 10  # with a model: kernels recorded on one block in this many (Sampler)
+SAMPLE_EVERY = 10  # with a model: kernels recorded on one block in this many, by default
 # the relative drift of an unsampled block's wall / reused-op-time ratio that makes the next
 # block sampled (Sampler): above the few % a GPU step's time wanders by run to run
 DRIFT = 0.10
@@ -406,10 +411,11 @@ def _catch_up(sampler: Sampler) -> None:
         timer.resolve()
 
 
-def kernel_timer(devices=(), model=None) -> Timer:
-    """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer`` on a sampled block (every
-    block without a model), ``EstimatingTimer`` on the others; where Kineto cannot record
-    (saying why, once per reason) ``ModuleEventTimer``."""
+def kernel_timer(devices=(), model=None, every: int = SAMPLE_EVERY) -> Timer:
+    """The timer for ``timing="kernels"`` on CUDA: ``KernelTimer`` on a sampled block (one
+    in ``every`` of ``model``'s, see ``Sampler``; every block without a model),
+    ``EstimatingTimer`` on the others; where Kineto cannot record (saying why, once per
+    reason) ``ModuleEventTimer``."""
     try:
         reason = _NESTED if any(t._recording for t in _RECORDING) else unavailable()
     except Exception as e:
@@ -418,8 +424,8 @@ def kernel_timer(devices=(), model=None) -> Timer:
         sampler = None
         if model is not None:
             sampler = _samplers.get(model)
-            if sampler is None:
-                sampler = _samplers[model] = Sampler(SAMPLE_EVERY, DRIFT)
+            if sampler is None or sampler.every != every:  # a new schedule starts afresh
+                sampler = _samplers[model] = Sampler(every, DRIFT)
             _catch_up(sampler)
             if not sampler.due():
                 sampler.begin(False)

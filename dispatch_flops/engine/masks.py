@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
+from dispatch_flops.engine.active import PRICING
 from dispatch_flops.engine.torch_private import FakeTensor as _FAKE
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.formulas import ELEMENT_COSTS
@@ -222,7 +223,7 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
         if mask is not None and not has_values(mask):
             found_mask = mask
             mask = _SHADOWS.get(mask)  # a meta mask built from shapes
-            if mask is None and FAKE_PRICING:  # made from a compiled graph's inputs
+            if mask is None and PRICING:  # made from a compiled graph's inputs
                 recipe = _RECIPES.get(found_mask)
             unvalued = mask is None and recipe is None
         if mask is None and not unvalued and recipe is None:
@@ -244,7 +245,7 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
             return
         causal = _read(args, kwargs, causal_at, False)
         if recipe is not None:  # counted at each run, from the run's inputs
-            FAKE_PRICING[-1].tallies.append(InputMasks(found, recipe, total, qs[2], ks[-2],
+            PRICING[-1].tallies.append(InputMasks(found, recipe, total, qs[2], ks[-2],
                                                        causal, backward))
             return
         with _NO_DISPATCH(), _BELOW_AUTOGRAD():
@@ -352,8 +353,8 @@ def _charge(rec, rate: tuple, masked, factor: int = 1) -> None:
     if found is None:
         found = give_tally(rec, Tally(*rate))
     if masked.__class__ is InputCount:  # known at each run of a compiled graph only
-        if FAKE_PRICING:
-            pricing = FAKE_PRICING[-1]
+        if PRICING:
+            pricing = PRICING[-1]
             pricing.tallies.append(_RunCharge(found, masked, pricing.backward, factor))
         return
     found.add(masked)
@@ -428,7 +429,7 @@ def _softmax_tally(rec, args, kwargs, out, math: bool = False) -> None:
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
         return
     known = x if has_values(x) else _MASKING.get(x)
-    if known is None and FAKE_PRICING and (recipe := _RECIPES.get(x)) is not None:
+    if known is None and PRICING and (recipe := _RECIPES.get(x)) is not None:
         per_run = InputCount(recipe)  # scores plus a mask made from the graph's inputs
         _charge(scores[0], (2 * scores[3], scores[3]), per_run)
         if math:
@@ -650,16 +651,16 @@ _AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", 
                       "transpose", "permute", "slice", "select", "alias"))
 
 
-# a compiled graph's pricing run is on (engine.compiled): its fake tensors' masks built from
-# shapes are followed as on meta (a composite priced whole on fake tensors keeps the masked
-# share of the kernel its decomposition runs, docs/conventions.md: not followed there)
-FAKE_PRICING: list = []
+# while a compiled graph's pricing run is on (engine.compiled, engine.active.PRICING), its
+# fake tensors' masks built from shapes are followed as on meta (a composite priced whole on
+# fake tensors keeps the masked share of the kernel its decomposition runs,
+# docs/conventions.md: not followed there)
 
 
 def _valueless(t: Tensor) -> bool:
     """Whether ``t`` is a meta tensor, or a fake one of a compiled graph's pricing run: no
     values, and masks built from shapes followed."""
-    return t.is_meta or bool(FAKE_PRICING) and isinstance(t, _FAKE)
+    return t.is_meta or bool(PRICING) and isinstance(t, _FAKE)
 
 
 def _traced(t) -> bool:
@@ -669,7 +670,7 @@ def _traced(t) -> bool:
     # identity first (isinstance of a parameter is a Python __instancecheck__)
     cls = t.__class__
     if not (cls is Tensor or cls is _PARAMETER or isinstance(t, _PARAMETER) or
-            FAKE_PRICING and isinstance(t, _FAKE)):
+            PRICING and isinstance(t, _FAKE)):
         return False
     return t.layout is _STRIDED
 
@@ -684,8 +685,8 @@ def _on_cpu(v, found: list):
             found[0] = found[0] and has_values(v) and v.device.type == "cpu"
             return v
         shadow = _SHADOWS.get(v)
-        if shadow is None and FAKE_PRICING:
-            at = FAKE_PRICING[-1].inputs.get(id(v))
+        if shadow is None and PRICING:
+            at = PRICING[-1].inputs.get(id(v))
             made = _Input(at) if at is not None else _RECIPES.get(v)
             if made is not None:
                 found[2] = True
@@ -712,7 +713,7 @@ def _shadow_tally(func, name: str) -> Callable:
         cpu_kwargs = {k: _on_cpu(v, found) for k, v in (kwargs or {}).items()}
         if "device" in (kwargs or {}) or not any(isinstance(a, Tensor) for a in args):
             cpu_kwargs["device"] = torch.device("cpu")  # a factory
-        if FAKE_PRICING and (found[2] or name == "where"):
+        if PRICING and (found[2] or name == "where"):
             if _recipe(func, name, args, cpu_args, cpu_kwargs, found, out):
                 return
         if not found[0]:

@@ -11,12 +11,14 @@ import sys
 from bisect import bisect_right
 from collections import OrderedDict
 from functools import partial
+from types import MethodType
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from dispatch_flops.engine import flex as _flex
+from dispatch_flops.engine.active import PRICING as _PRICING
 from dispatch_flops.engine.calls import (
     COPY,
     EXOTIC,
@@ -42,7 +44,6 @@ from dispatch_flops.engine.dtensor import LogicalFigure
 from dispatch_flops.engine.dtensor import unwrapping as _unwrapping
 from dispatch_flops.engine.exotic import exotic_record
 from dispatch_flops.engine.ledger import RECOMPUTE_I, phase_of
-from dispatch_flops.engine.masks import FAKE_PRICING as _FAKE_PRICING
 from dispatch_flops.engine.masks import shadow_tally_of, tally_of
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import (
@@ -230,8 +231,8 @@ class CountingMode(TorchDispatchMode):
 
     def __init__(self, registry: Registry, runner=None):
         super().__init__()
-        # runs each op when not None: a _timing.Timer (timing on) or a _meta.MetaRunner; its
-        # add(record, NS, token) counts the call
+        # runs each op when not None: a timing.Timer (timing on) or a meta.MetaRunner, or a
+        # runner put around it (``wrap_runner``); its add(record, NS, token) counts the call
         self.runner = runner
         self.registry = registry
         # resolutions and worked-out signatures, shared by every counter on the same registry
@@ -239,7 +240,10 @@ class CountingMode(TorchDispatchMode):
         cache = engine_cache(registry)
         self.resolved = cache.resolutions
         self._shared = cache.signatures
-        self._shared_logical = cache.logical
+        # DTensor-level calls worked out, shared like the signatures (engine.dtensor)
+        self.logical_signatures = cache.logical
+        # the runners put around the mode's own, innermost first (``wrap_runner``)
+        self._wrappers: list = []
         # what counting changes (the counter's, handed over by ``bind``; a mode of its own
         # until then: a composite's pricing run counts into it)
         self.state = CountingState()
@@ -265,6 +269,54 @@ class CountingMode(TorchDispatchMode):
         tracker), nor the last autograd node kept alive."""
         self.tracker = None
         self.state.forget_node()
+
+    # -- the runner stack ------------------------------------------------------------------
+    def wrap_runner(self, make):
+        """Put ``make(runner)`` around the runner the mode has now (a nested counter's relay,
+        a CUDA graph capture's annotation) and return it; ``unwrap_runner`` takes it off
+        again, in any order. A wrapper keeps what it wraps as its ``runner``."""
+        wrapper = make(self.runner)
+        self._wrappers.append(wrapper)
+        self.runner = wrapper
+        return wrapper
+
+    def unwrap_runner(self, wrapper) -> None:
+        """Take ``wrapper`` (from ``wrap_runner``) off, wherever it sits in the stack: the
+        wrapper put around it, if any, wraps what it wrapped. Taken off already: nothing."""
+        stack = self._wrappers
+        at = next((i for i, w in enumerate(stack) if w is wrapper), None)
+        if at is None:
+            return
+        del stack[at]
+        if at < len(stack):
+            stack[at].runner = wrapper.runner
+        else:
+            self.runner = wrapper.runner
+
+    def runners(self) -> list:
+        """The runner stack, outermost first, down to the mode's own runner (not None)."""
+        found = list(reversed(self._wrappers))
+        own = self._wrappers[0].runner if self._wrappers else self.runner
+        return found + ([own] if own is not None else [])
+
+    # -- DTensor ----------------------------------------------------------------------------
+    def divert(self, handler) -> None:
+        """From now on, every op reaches ``handler(mode, func, types, args, kwargs)`` instead
+        of the hot path (which it calls through ``counted``): DTensor's logical figure, once a
+        DTensor was met (``engine.dtensor``). Only a diverted mode pays for the handler's
+        checks; every other mode keeps the plain hot path."""
+        # an instance attribute shadows the class's __torch_dispatch__ (torch looks it up on
+        # the mode object); torch asks that it be a method of the mode itself
+        self.__dict__["__torch_dispatch__"] = MethodType(handler, self)
+
+    @property
+    def diverted(self) -> bool:
+        """Whether ops go to a ``divert`` handler."""
+        return "__torch_dispatch__" in self.__dict__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        """The hot path (the class's ``__torch_dispatch__``), for a ``divert`` handler."""
+        return type(self).__torch_dispatch__(self, func, types, args, kwargs)
 
     def dtensor_figure(self) -> LogicalFigure:
         """DTensor's logical figure of this mode's calls, made when first asked for."""
@@ -295,7 +347,7 @@ class CountingMode(TorchDispatchMode):
         ops of other phases keep the plain path."""
         tracker, state = self.tracker, self.state
         if tracker is None:
-            state.recomputing = state.stepping = False
+            state.unbound()
             return
         if state.recomputing:
             tracker.end_recompute()
@@ -310,45 +362,68 @@ class CountingMode(TorchDispatchMode):
             while frame is not None and frame not in known:
                 frame = frame.f_back
         if frame is None or not known:
-            state.in_step = tracker.check_steps(caller)
+            state.seen_in_step(tracker.check_steps(caller))
 
     guarded = False  # counts only while its block's frame runs (GuardedCountingMode)
 
-    def current_acc(self) -> Optional[dict]:
-        """The accumulator an op run now counts into, as the hot path finds it (inlined
-        there): for calls that reach the mode outside ``__torch_dispatch__`` (the flex
-        operators, ``engine.flex``). None when the mode is not bound to a tracker."""
-        if self.tracker is None:
+    # -- attribution ------------------------------------------------------------------------
+    def node_frame(self, node, seq: int) -> tuple:
+        """``(frame, phase index)`` of the ops autograd node ``node`` (numbered ``seq``) runs:
+        the frame entered last before the node was made (``state.boundary_*``), its phase the
+        node class's (reentrant checkpointing re-runs forward inside its own node's backward:
+        recompute); AccumulateGrad nodes all carry one sequence number and go to their
+        parameter's module. The one rule of backward attribution: the hot path asks it for
+        each new node, ``attribution`` for the calls that reach the mode another way."""
+        if seq == _ACCUMULATE_GRAD_SEQ:
+            tracker = self.tracker
+            assert tracker is not None  # a mode counts only while bound to one
+            return tracker.frame_of_accumulation(node), _BACKWARD_I
+        frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
+        phase = _NODE_PHASE.get(node.__class__)
+        return frame, (phase if phase is not None else node_phase(node))
+
+    def attribution(self) -> Optional[tuple]:
+        """``(frame, accumulator)`` an op run now counts into, as the hot path finds it (which
+        inlines the common cases): for calls that reach the mode outside ``__torch_dispatch__``
+        (the flex operators, ``engine.flex``) and compat's ``FlopCounterMode`` (a torch-format
+        formula's flops). None when the mode is not bound to a tracker."""
+        tracker = self.tracker
+        if tracker is None:
             return None
         node = _current_node()
         if node is None or self.state.recomputing:
-            return self.state.forward_acc
+            return tracker.current, self.state.forward_acc
         seq = node._sequence_nr()
-        if seq == _ACCUMULATE_GRAD_SEQ:
-            return self.tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
-        frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
-        phase = _NODE_PHASE.get(node.__class__)
-        acc = frame.acc[phase if phase is not None else node_phase(node)]
-        hooks = _top_saved_tensors_hooks(False)
-        if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
-            acc = self._recompute_acc(hooks[0], seq)
-        return acc
+        frame, phase = self.node_frame(node, seq)
+        acc = frame.acc[phase]
+        if seq != _ACCUMULATE_GRAD_SEQ:
+            hooks = _top_saved_tensors_hooks(False)
+            if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
+                frame = self._recompute_frame(hooks[0], seq)
+                acc = frame.acc[RECOMPUTE_I]
+        return frame, acc
+
+    def current_acc(self) -> Optional[dict]:
+        """The accumulator of ``attribution``, None when unbound."""
+        found = self.attribution()
+        return None if found is None else found[1]
 
     def book(self, rec: list) -> None:
         """Keep a record made outside the hot path in the ledger's book (see ``bind``)."""
         self._book.append(rec)
 
-    def _recompute_acc(self, hook, seq: int) -> dict:
-        """Where an op that non-reentrant checkpointing re-runs outside any module call goes:
-        the recompute phase of the frame holding the modules this recomputation (``hook``)
-        re-ran (the checkpointed function's module), or, before any, of the unpacking node's
+    def _recompute_frame(self, hook, seq: int):
+        """Where an op that non-reentrant checkpointing re-runs outside any module call goes
+        (in its recompute phase): the frame holding the modules this recomputation (``hook``)
+        re-ran (the checkpointed function's module), or, before any, the unpacking node's
         frame."""
         home_hook, home = self.state.recompute_home
         if home_hook is not hook:
             home = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
-        return home.acc[RECOMPUTE_I]
+        return home
 
-    def _resolve(self, func) -> _Resolved:
+    def resolve(self, func) -> _Resolved:
+        """What the mode knows of overload ``func``, worked out once (``resolved``)."""
         entry = self.registry.lookup(func)
         formula = entry.formula
         keywords: tuple[Keyword, ...] = ()
@@ -442,7 +517,7 @@ class CountingMode(TorchDispatchMode):
         key = id(func)
         resolved = self.resolved.get(key)
         if resolved is None:
-            resolved = self._resolve(func)
+            resolved = self.resolve(func)
         runner = self.runner
         if runner is None:
             out = resolved.run(*args, **kwargs) if kwargs else resolved.run(*args)
@@ -468,25 +543,15 @@ class CountingMode(TorchDispatchMode):
             last = state.last  # one read: device threads never see half an update
             if node is last[0]:  # a node runs several ops in a row (the same object while
                 acc, seq = last[1], last[2]  # it lives: last keeps it alive)
-            else:
-                # the frame entered last before the node was created; AccumulateGrad nodes
-                # all carry the same sequence number and go to their parameter's module
+            else:  # a new node: where its ops go (node_frame)
                 seq = node._sequence_nr()
-                if seq == _ACCUMULATE_GRAD_SEQ:
-                    tracker = self.tracker
-                    assert tracker is not None  # a mode counts only while bound to one
-                    acc = tracker.frame_of_accumulation(node).acc[_BACKWARD_I]
-                else:
-                    frame = self._boundary_frames[bisect_right(self._boundary_seqs, seq) - 1]
-                    # reentrant checkpointing re-runs forward inside its own node's backward:
-                    # the node's ops are recompute, in the frame where checkpoint was called
-                    phase = _NODE_PHASE.get(node.__class__)
-                    acc = frame.acc[phase if phase is not None else node_phase(node)]
+                frame, phase = self.node_frame(node, seq)
+                acc = frame.acc[phase]
                 state.last = (node, acc, seq)
             if seq != _ACCUMULATE_GRAD_SEQ:  # AccumulateGrad saves nothing: never re-runs
                 hooks = _top_saved_tensors_hooks(False)
                 if hooks is not None and hooks[0].__qualname__ == _RECOMPUTATION_HOOK:
-                    acc = self._recompute_acc(hooks[0], seq)
+                    acc = self._recompute_frame(hooks[0], seq).acc[RECOMPUTE_I]
         if resolved.view:  # no arithmetic, no bytes: count the call
             rec = acc.get(key)
             if rec is None:
@@ -553,7 +618,7 @@ class CountingMode(TorchDispatchMode):
         if resolved.tally is not None:  # a mask's values: see engine.masks
             resolved.tally(rec, args, kwargs, out)
         if resolved.shadow is not None and (out.__class__ is Tensor and out.is_meta or
-                                            _FAKE_PRICING):  # masks built from shapes
+                                            _PRICING):  # masks built from shapes
             resolved.shadow(rec, args, kwargs, out)
         if runner is None:
             rec[0] += 1  # CALLS

@@ -7,13 +7,15 @@ writer; the others read it, or change it through the named methods below:
 =====================================  ==============================  ====================
 part                                   written by                      through
 =====================================  ==============================  ====================
-``forward_acc``                        the tracker (its running frame  ``enter``, ``_aim``
-                                       and phase)
-``boundary_seqs``, ``boundary_frames``  the tracker; compiled graphs    ``enter``;
-                                       (their backward's sink)         ``sink_backward``
-``recomputing``, ``recompute_home``    the tracker (checkpointing)     ``_push_recompute``
-``stepping``, ``in_step``              the tracker; the mode's         ``watch_steps``
-                                       rechecks
+``forward_acc``                        the tracker (its running frame  ``enter``, ``_aim``;
+                                       and phase); compiled graphs     ``aim``, ``restore``
+``boundary_seqs``, ``boundary_frames``  the tracker and its optimizer   ``enter``, ``steps``;
+                                       steps; compiled graphs (their   ``sink_backward``
+                                       backward's sink)
+``recomputing``, ``recompute_home``    the tracker (checkpointing);    ``_push_recompute``;
+                                       the mode's rechecks             ``unbound``
+``stepping``, ``in_step``              the tracker; the mode's         ``watch_steps``;
+                                       rechecks                        ``seen_in_step``
 ``replay``                             the tracker (a step replayed:   ``StepReplay``
                                        engine.step_replay); the mode
                                        counts overloads into it
@@ -23,6 +25,8 @@ part                                   written by                      through
 ``ledger``, ``records``                the mode adds records           ``book``
 =====================================  ==============================  ====================
 
+``WRITERS`` says the same as data: the engine files that may write each part (assign it, or
+change the list or dict it holds), which ``tests/test_layout.py`` holds the package to.
 ``save``/``restore`` put every part a compiled graph's pricing run changes back as it was.
 The dispatch mode aliases the lists (``records``, the boundaries) when it binds, and loads
 the state once per op: its hot path pays one attribute load per part it reads.
@@ -41,6 +45,24 @@ if TYPE_CHECKING:
     from dispatch_flops.engine.ledger import Frame, Ledger
 
 NO_NODE: tuple = (None, None, -1)  # ``last`` before any autograd node ran
+
+# each part's writers, by the name of the engine file (the module's table): this file's
+# methods write for the others
+WRITERS: dict[str, tuple[str, ...]] = {
+    "ledger": ("state",),
+    "records": ("state", "mode"),
+    "forward_acc": ("state", "tracker"),
+    "boundary_seqs": ("state", "tracker", "steps"),
+    "boundary_frames": ("state", "tracker", "steps"),
+    "last": ("state", "mode"),
+    "recomputing": ("state", "tracker"),
+    "recompute_home": ("state", "tracker"),
+    "stepping": ("state",),
+    "in_step": ("state",),
+    "replay": ("state", "step_replay"),
+    "p2p_tags": ("state",),
+    "pipeline": ("state",),
+}
 
 
 class CountingState:
@@ -92,6 +114,11 @@ class CountingState:
         del self.boundary_seqs[n:]
         del self.boundary_frames[n:]
 
+    def aim(self, acc: dict) -> None:
+        """Ops with no autograd node go to ``acc`` (a compiled graph's pricing run, between
+        its forward and its backward: back to the running frame's)."""
+        self.forward_acc = acc
+
     def sink_backward(self, first: int, last: int, sink: Frame, current: Frame) -> None:
         """Backward ops of nodes numbered ``first`` to ``last - 1`` (made by a compiled
         graph's run: their work is in its backward counts) go to ``sink``; later ones to
@@ -108,6 +135,15 @@ class CountingState:
     def forget_node(self) -> None:
         """Let go of the last autograd node seen (it would be kept alive)."""
         self.last = NO_NODE
+
+    def unbound(self) -> None:
+        """The mode counts with no tracker (a composite's pricing run, a closed counter):
+        no recomputation or optimizer step can be on."""
+        self.recomputing = self.stepping = False
+
+    def seen_in_step(self, frames: tuple) -> None:
+        """The Python frames seen running inside the optimizer step that counts now."""
+        self.in_step = frames
 
     def watch_steps(self, on: bool) -> None:
         """Whether the innermost optimizer step counts now: while it does, each op with no

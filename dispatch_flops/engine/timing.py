@@ -70,6 +70,11 @@ class Timer:
     two additions per op."""
 
     cuda = False  # whether times may land after the block (events resolved later)
+    # what ``run`` hands out: kernel ranges (``kineto.KernelTimer``) or times; a nested
+    # counter can take its op times from a clock below only when both are of one kind
+    kernel_tokens = False
+    measures_idle = False  # ``idle_of`` reads the device's idle time inside module calls
+    tracing = False  # keeps a timeline (``engine.trace``)
 
     def __init__(self) -> None:
         warm_dispatch()
@@ -101,15 +106,29 @@ class Timer:
     def resolve(self) -> None:
         """Land every pending time in its counts (nothing pends on the host clock)."""
 
+    # -- what a timer knows beyond times (each timer says what it has: none here) ----------
+    def close(self) -> None:
+        """Stop recording without a block end (the block failed to begin)."""
 
-def new_timer(devices=()) -> Timer:
-    """The timer for this process: ``CudaTimer`` where CUDA is available (CUDA ops may come
-    at any point, even where CUDA is not initialised yet), else the host clock's. ``devices``:
-    CUDA device indices known to be in use (the model's)."""
-    return CudaTimer(devices) if torch.cuda.is_available() else Timer()
+    def facts(self) -> dict:
+        """``RunFacts.kernels`` of this block (``resolve`` first): none measured."""
+        return {}
 
+    def idle_of(self, frame) -> int:
+        """ns the device sat idle inside ``frame``'s module calls (``measures_idle``)."""
+        return 0
 
-# -- CUDA --------------------------------------------------------------------------------------
+    def outside_rows(self, frames, root: tuple) -> tuple:
+        """Profile rows for the kernels no op launched (``kineto.KernelTimer``'s): none."""
+        return ()
+
+    def graph_replay(self, nodes: dict):
+        """A CUDA graph replay's range to run in, for timers that time kernels: None."""
+        return None
+
+    def replayed(self, records) -> None:
+        """A CUDA graph replay added to ``records`` (``engine.cuda_graphs``): a timer that
+        learns or estimates kernel times per record notes them."""
 
 
 def cuda_index(t: Tensor) -> int:

@@ -14,17 +14,14 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Optional
 
-import torch
 from typing_extensions import TypeGuard
 
-from dispatch_flops.engine.kineto import kernel_timer
 from dispatch_flops.engine.records import (
     SIGNATURE,
     PricingError,
     bytes_only,
 )
 from dispatch_flops.engine.timing import CudaTimer, Timer
-from dispatch_flops.engine.timing import new_timer as timing_new_timer
 from dispatch_flops.results.stats import FORWARD, PHASES, PRICED
 from dispatch_flops.results.timeline import BLOCK, MODULE, OP, TraceEvent
 
@@ -99,19 +96,6 @@ class CudaTracingTimer(_Tracing, CudaTimer):
         super().__init__(devices)
         self.tracing = True
         self._start_trace(limit)
-
-
-def new_timer(trace: bool, devices=(), limit: Optional[int] = None,
-              kernels: bool = False, model=None) -> Timer:
-    """The timer for a counter (``_timing.new_timer``), keeping a timeline when ``trace``;
-    ``kernels``: ops timed by their kernels on CUDA (``engine.kineto``, sampled per ``model``;
-    a trace keeps events)."""
-    if kernels and not trace and torch.cuda.is_available():
-        return kernel_timer(devices, model)
-    if not trace:
-        return timing_new_timer(devices)
-    return CudaTracingTimer(devices, limit) if torch.cuda.is_available() else \
-        TracingTimer(limit)
 
 
 def is_tracing(timer: object) -> TypeGuard[_Tracing]:
