@@ -31,15 +31,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from statistics import mean
-from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
-import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import (
-    register_module_forward_hook,
-    register_module_forward_pre_hook,
-)
 
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.results import schema
@@ -50,6 +44,7 @@ from dispatch_flops.results.roofline import Roofline
 from dispatch_flops.results.stats import Stats, StringEnum
 from dispatch_flops.views.text import pipeline_roofline_table, pipeline_table
 from dispatch_flops.workflows.generation import ops_roofline, resolve_device
+from dispatch_flops.workflows.parts import PartCutter
 
 
 class Guidance(StringEnum):
@@ -126,30 +121,27 @@ def _timed(p: Profile, start: int, end: int, timing: bool) -> Profile:
     return p.replace(run=replace(p.run, wall_s=(end - start) / 1e9)) if timing else p
 
 
-class _Spans:
+class _Spans(PartCutter):
     """Hooks and method wrappers that cut a counted pipeline call into parts (see the
     module's docstring); every part is the outermost one running."""
 
     def __init__(self, counter: FlopCounter, components: dict, scheduler: Any, timing: bool):
-        self.counter, self.timing = counter, timing
-        self.cuda = timing and any(p.is_cuda for m in components.values()
-                                   for p in m.parameters())
+        super().__init__(counter, timing, timing and any(
+            p.is_cuda for m in components.values() for p in m.parameters()))
         self.owner: dict[int, str] = {}
         for name, module in components.items():
             for sub in module.modules():
                 self.owner.setdefault(id(sub), name)
         self.components, self.scheduler = components, scheduler
-        self.depth = 0
         self.running: Optional[_Span] = None
         self.spans: list[_Span] = []
         self.handles: list = []
         self.wrapped: list = []  # (object, attribute, instance value before or None)
 
     def attach(self) -> None:
-        # global hooks registered before the counter's own: a part's snapshot is taken
-        # before the counter notes the call, so the part counts its own call
-        self.handles.append(register_module_forward_pre_hook(self._pre))
-        self.handles.append(register_module_forward_hook(self._post, always_call=True))
+        # a part's snapshot is taken before the counter notes the call (the part counts its
+        # own call), and after it notes the call's end
+        self.hook(self._pre, self._post)
         for name, module in self.components.items():
             if _named(name, _DENOISERS):
                 # a module's pre-hooks run after the global ones: the pass is open by then
@@ -162,6 +154,7 @@ class _Spans:
             self._wrap(self.scheduler, "step", "scheduler", "scheduler")
 
     def detach(self) -> None:
+        self.unhook()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -192,33 +185,17 @@ class _Spans:
         self.wrapped.append((obj, attribute, vars(obj).get(attribute)))
         obj.__dict__[attribute] = wrapper
 
-    def _now(self) -> int:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return perf_counter_ns()
-
-    def _snapshot(self) -> Profile:
-        self.counter.resolve_times()  # CUDA events: their times, before they are subtracted
-        return self.counter.to_profile()
-
     def _open(self, kind: str, name: str) -> Optional[_Span]:
-        if not self.counter.counting:
+        if not self.counter.counting or not self.enter():
             return None
-        self.depth += 1
-        if self.depth > 1:
-            return None
-        self.running = _Span(kind, name, self._snapshot(), self._now())
+        self.running = _Span(kind, name, *self.begin())
         return self.running
 
     def _close(self) -> None:
-        if not self.depth:
-            return
-        self.depth -= 1
         span = self.running
-        if self.depth or span is None:
+        if not self.leave() or span is None:
             return
-        span.end_ns = self._now()
-        span.after = self._snapshot()
+        span.after, span.end_ns = self.end()
         self.spans.append(span)
         self.running = None
 

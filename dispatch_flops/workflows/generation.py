@@ -22,12 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from statistics import mean
-from time import perf_counter_ns
 from typing import Callable, Optional
 
-import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.results.combine import since
@@ -42,6 +39,7 @@ from dispatch_flops.results.roofline import (
     device_spec,
 )
 from dispatch_flops.views.text import generation_roofline_table, generation_table
+from dispatch_flops.workflows.parts import PartCutter
 
 ENCODER, PREFILL, DECODE = "encoder", "prefill", "decode"
 # a step's new positions: the first of these its call was given (args[0] otherwise)
@@ -239,15 +237,14 @@ def _cache_of(output, kwargs):
     return None
 
 
-class _Steps:
+class _Steps(PartCutter):
     """Hooks that cut a counted run at the model's outermost forward calls (and, for an
     encoder-decoder model, its encoder's calls made outside them)."""
 
     def __init__(self, model: nn.Module, counter: FlopCounter, encoder: Optional[nn.Module],
                  timing: bool):
-        self.model, self.counter, self.encoder, self.timing = model, counter, encoder, timing
-        self.cuda = any(p.is_cuda for p in model.parameters())
-        self.depth = 0  # calls of the model (or, outside them, the encoder) running
+        super().__init__(counter, timing, any(p.is_cuda for p in model.parameters()))
+        self.model, self.encoder = model, encoder
         self.running: Optional[str] = None
         self.before: Optional[tuple] = None  # (snapshot, start ns)
         self.parts: list = []  # (ENCODER | "step", Profile, facts dict)
@@ -255,9 +252,8 @@ class _Steps:
         self.handles: list = []
 
     def attach(self) -> None:
-        # a global pre-hook, registered before the counter's own: the snapshot is taken
-        # before the counter notes the call, so the step counts its own call
-        self.handles.append(register_module_forward_pre_hook(self._pre))
+        # the snapshot is taken before the counter notes the call: the step counts its own
+        self.hook(self._pre)
         self.handles.append(self.model.register_forward_hook(
             self._post_model, with_kwargs=True, always_call=True))
         if self.encoder is not None:
@@ -265,37 +261,26 @@ class _Steps:
                 self._post_encoder, always_call=True))
 
     def detach(self) -> None:
+        self.unhook()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-
-    def _now(self) -> int:
-        if self.timing and self.cuda:
-            torch.cuda.synchronize()
-        return perf_counter_ns()
-
-    def _snapshot(self) -> Profile:
-        # CUDA events: their times, before they are subtracted
-        self.counter.resolve_times()
-        return self.counter.to_profile()
 
     def _pre(self, module, args) -> None:
         kind = "step" if module is self.model else ENCODER if module is self.encoder else None
         if kind is None or not self.counter.counting:
             return
-        if self.depth == 0:
+        # the encoder's calls inside a step are the step's
+        if (self.depth == 0 or kind == "step" or self.running == ENCODER) and self.enter():
             self.running = kind
-            self.before = (self._snapshot(), self._now())
-        if kind == "step" or self.running == ENCODER:
-            self.depth += 1
+            self.before = self.begin()
 
     def _end(self, kind: str, facts: dict) -> None:
-        self.depth -= 1
-        if self.depth or self.running != kind or self.before is None:
+        if not self.leave() or self.running != kind or self.before is None:
             return
-        end = self._now()
+        after, end = self.end()
         earlier, start = self.before
-        part = since(self._snapshot(), earlier)
+        part = since(after, earlier)
         if self.timing:
             part = part.replace(run=replace(part.run, wall_s=(end - start) / 1e9))
         self.parts.append((kind, part, facts))
