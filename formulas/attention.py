@@ -14,7 +14,7 @@ the pairs above torch's top-left-aligned causal diagonal are masked: their share
 ``Cost``'s ``masked_flops`` / ``masked_macs`` (model flops count only the unmasked pairs).
 Non-MAC flops per pair: the scale, the softmax and (backward) its gradient, from ELEMENT_COSTS;
 an additive mask/bias adds one flop per pair. A mask tensor's masked pairs are tensor values:
-the engine counts them (``engine.masks``), at the per-pair rate these formulas imply.
+the engine counts them (``engine.attention``), at the per-pair rate these formulas imply.
 """
 
 from __future__ import annotations

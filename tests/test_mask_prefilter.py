@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine import masks
+from dispatch_flops.engine.attention import dropout, math_path
 from dispatch_flops.formulas import ELEMENT_COSTS as C
 
 
@@ -29,8 +29,8 @@ class _Every(set):
 @pytest.fixture
 def unfiltered(monkeypatch):
     def off():
-        monkeypatch.setattr(masks, "_PAIRED_NUMELS", _Every())
-        monkeypatch.setattr(masks, "_NOISE_NUMELS", _Every())
+        monkeypatch.setattr(math_path, "PAIRED_NUMELS", _Every())  # dropout reads it there
+        monkeypatch.setattr(dropout, "_NOISE_NUMELS", _Every())
     return off
 
 
@@ -82,24 +82,26 @@ def test_noise_of_a_shared_numel_is_found():
 def test_purge_keeps_the_numels_of_live_entries(monkeypatch):
     """Past the purge threshold, freed entries go and the numel sets are rebuilt from the
     entries kept: every live tensor is still found (the set never loses a live numel)."""
-    monkeypatch.setattr(masks, "_PAIRED_PURGE", 4)
-    monkeypatch.setattr(masks, "_PAIRED", {})
-    monkeypatch.setattr(masks, "_PAIRED_NUMELS", set())
-    monkeypatch.setattr(masks, "_NOISE", {})
-    monkeypatch.setattr(masks, "_NOISE_NUMELS", set())
+    paired: dict = {}  # one dict where it lives and where dropout's mul looks it up
+    for module in (math_path, dropout):
+        monkeypatch.setattr(module, "PAIRED_PURGE", 4)
+        monkeypatch.setattr(module, "PAIRED", paired)
+    monkeypatch.setattr(math_path, "PAIRED_NUMELS", set())
+    monkeypatch.setattr(dropout, "_NOISE", {})
+    monkeypatch.setattr(dropout, "_NOISE_NUMELS", set())
     kept = []
     for n in range(1, 13):
         t = torch.zeros(n)
-        masks._pair(t, n, forward=False)
-        masks._noise_drawn([0, 0, None], (t, 0.5), None, t)
+        math_path.note_paired(t, n, forward=False)
+        dropout._noise_drawn([0, 0, None], (t, 0.5), None, t)
         if n % 3 == 0:
             kept.append(t)  # the others are freed: purged when the dicts pass 4 entries
     for t in kept:
-        assert masks._paired(t) == t.numel()
-        assert masks._is_noise(t)
-    assert len(masks._PAIRED) < 12 and masks._PAIRED_NUMELS >= {t.numel() for t in kept}
-    assert masks._paired(torch.zeros(3)) is None  # a numel kept, another storage
-    assert not masks._is_noise(torch.zeros(3))
+        assert math_path.paired_count(t) == t.numel()
+        assert dropout._is_noise(t)
+    assert len(math_path.PAIRED) < 12 and math_path.PAIRED_NUMELS >= {t.numel() for t in kept}
+    assert math_path.paired_count(torch.zeros(3)) is None  # a numel kept, another storage
+    assert not dropout._is_noise(torch.zeros(3))
 
 
 class _Log(TorchDispatchMode):

@@ -11,8 +11,8 @@ register what they do when the first one enters and the last one leaves (``when_
 >>> active.leave(mode)               # FlopCounter.__exit__
 
 ``PRICING`` is the stack of compiled graphs being priced now (innermost last): what the
-FlexAttention rules (``engine.flex``) and the mask tallies (``engine.masks``) read of the graph
-whose fake inputs they meet; the graph's pricing run pushes and pops it.
+FlexAttention rules (``engine.attention.flex``) and the mask tallies (``engine.attention``)
+read of the graph whose fake inputs they meet; the graph's pricing run pushes and pops it.
 """
 
 from __future__ import annotations

@@ -61,8 +61,9 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine import active, flex
+from dispatch_flops.engine import active
 from dispatch_flops.engine import module_facts as facts
+from dispatch_flops.engine.attention import flex
 from dispatch_flops.engine.ledger import Frame
 from dispatch_flops.engine.records import CALLS, NS, TALLY
 from dispatch_flops.engine.torch_private import TorchDispatchMode, lookup
@@ -128,7 +129,7 @@ class _Priced:
         self.backward = backward
         self.calls = calls
         # flex calls whose masked (and skipped) pairs each run counts from its inputs
-        # (engine.flex.RunTally), forward and backward
+        # (engine.attention.flex.RunTally), forward and backward
         self.tallies = tallies
         self.forward_tallies = tuple(t for t in tallies if not t.backward)
         self.backward_tallies = tuple(t for t in tallies if t.backward)
@@ -187,7 +188,7 @@ class Graph:
         self.gm = gm
         self.compiled = compiled
         # the backend lowers flex attention to a block-sparse kernel (inductor); other
-        # backends run the operator's dense math (engine.flex)
+        # backends run the operator's dense math (engine.attention.flex)
         self.block_sparse = block_sparse
         # dynamic shapes: input shapes are part of what is priced
         self.dynamic = any(_symbolic(n.meta.get("example_value"))
@@ -450,7 +451,7 @@ def _flat(out):
 class _ShapeMasks:
     """The masked pairs a pricing run found in masks its fake tensors built from shapes
     (SDPA's math decomposition's causal mask, transformers' causal and sliding-window
-    masks: engine.masks follows them on fake tensors as on meta), added again at every run
+    masks: engine.attention follows them on fake tensors as on meta), added again at every run
     of the graph, forward or backward, as flex's ``RunTally`` adds a BlockMask's."""
 
     __slots__ = ("found", "backward")

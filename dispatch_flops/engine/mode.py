@@ -17,8 +17,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine import flex as _flex
 from dispatch_flops.engine.active import PRICING as _PRICING
+from dispatch_flops.engine.attention import flex as _flex
+from dispatch_flops.engine.attention.op_tallies import shadow_tally_of, tally_of
 from dispatch_flops.engine.calls import (
     COPY,
     EXOTIC,
@@ -44,7 +45,6 @@ from dispatch_flops.engine.dtensor import LogicalFigure
 from dispatch_flops.engine.dtensor import unwrapping as _unwrapping
 from dispatch_flops.engine.exotic import exotic_record
 from dispatch_flops.engine.ledger import RECOMPUTE_I, phase_of
-from dispatch_flops.engine.masks import shadow_tally_of, tally_of
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import (
     CALLS,
@@ -170,9 +170,9 @@ class _Resolved:
         # its decomposition (``CountingMode._decomposed``); None for every other op
         self.decompose = None
         # counts the masked (query, key) pairs of an attention op's mask tensor into the
-        # call's record (``engine.masks``); None for every op that takes no mask
+        # call's record (``engine.attention``); None for every op that takes no mask
         self.tally = tally_of(func)
-        # keeps the values of a meta output built from shapes (``engine.masks``): asked only
+        # keeps the values of a meta output built from shapes (``attention.shadows``): asked only
         # for a call whose output is on meta. None for every op that cannot build a mask
         self.shadow = shadow_tally_of(func)
         self.dtype: Optional[str] = None  # the registry's, where it names the compute dtype
@@ -385,7 +385,7 @@ class CountingMode(TorchDispatchMode):
     def attribution(self) -> Optional[tuple]:
         """``(frame, accumulator)`` an op run now counts into, as the hot path finds it (which
         inlines the common cases): for calls that reach the mode outside ``__torch_dispatch__``
-        (the flex operators, ``engine.flex``) and compat's ``FlopCounterMode`` (a torch-format
+        (the flex operators, ``attention.flex``) and compat's ``FlopCounterMode`` (a torch-format
         formula's flops). None when the mode is not bound to a tracker."""
         tracker = self.tracker
         if tracker is None:
@@ -615,7 +615,7 @@ class CountingMode(TorchDispatchMode):
                     self._book.append(rec)
             except (Exotic, RuntimeError, TypeError):
                 rec = exotic_record(self, key, resolved, acc, args, kwargs, out)
-        if resolved.tally is not None:  # a mask's values: see engine.masks
+        if resolved.tally is not None:  # a mask's values: see engine.attention
             resolved.tally(rec, args, kwargs, out)
         if resolved.shadow is not None and (out.__class__ is Tensor and out.is_meta or
                                             _PRICING):  # masks built from shapes
@@ -690,7 +690,7 @@ def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None
         _push_mode(m)
 
 
-# FlexAttention's operators reach the modes as themselves: counted whole (engine.flex)
+# FlexAttention's operators reach the modes as themselves: counted whole (engine.attention.flex)
 _flex.install(CountingMode, GuardedCountingMode)
 
 if _SKIP_FRAMES is not None:

@@ -26,8 +26,8 @@ from collections import OrderedDict
 from operator import itemgetter
 from typing import Optional, Union
 
-from dispatch_flops.engine import masks as _masks
-from dispatch_flops.engine.masks import read_all
+from dispatch_flops.engine.attention import tally as _tally
+from dispatch_flops.engine.attention.tally import read_all
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
 from dispatch_flops.formulas.attention import CAUSAL_DIAGONAL_FORMULAS
@@ -37,7 +37,7 @@ from dispatch_flops.results.rows import ROW, RowKey
 from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
 CALLS, NS, SIGNATURE = range(3)
-TALLY = 3  # the masked pairs of an op that reads a mask (engine.masks.Tally), when present
+TALLY = 3  # the masked pairs of an op that reads a mask (attention.tally.Tally), when present
 _FLOPS, _MACS = PRICED.index("flops"), PRICED.index("macs")
 _MASKED_FLOPS, _MASKED_MACS = PRICED.index("masked_flops"), PRICED.index("masked_macs")
 # where a tally's figures go in a row's counts (ROW: calls, then PRICED, then ns)
@@ -255,7 +255,7 @@ class Layout:
                             category = UNSUPPORTED
                         if self.units[i][_FLOPS]:
                             dtype = signature.dtype
-                        # (a flex call's resolution, engine.flex's, has no formula)
+                        # (a flex call's resolution, engine.attention.flex's, has no formula)
                         if getattr(resolved, "formula", None) in CAUSAL_DIAGONAL_FORMULAS:
                             self.causal.append(i)
                     row_key = (frame.stack, phase, op, category, dtype)
@@ -271,9 +271,9 @@ class Layout:
     def tallies(self, records: list) -> list:
         """``[(index, Tally)]`` of the records holding a mask's tally (``records``: its
         ledger's, as many as it lays out), looked for again only when some record was given a
-        tally since the last look (``masks.TALLIES_MADE``: read before looking, so a tally
+        tally since the last look (``tally.TALLIES_MADE``: read before looking, so a tally
         given during the look is looked for next time)."""
-        made = _masks.TALLIES_MADE
+        made = _tally.TALLIES_MADE
         if self._tallied_at != made:
             self._tallied = tallied(records)
             self._tallied_at = made

@@ -501,7 +501,8 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
     return lines
 
 
-# the operators whose hardware-only share is dropout's (formulas/random.py; engine.masks' noise)
+# the operators whose hardware-only share is dropout's (formulas/random.py; the engine's
+# attention.dropout)
 DROPOUT_OPS = frozenset(f"aten.{name}" for name in (
     "bernoulli_", "div_", "mul", "native_dropout", "native_dropout_backward", "_fused_dropout",
     "_masked_scale", "dropout", "dropout_", "feature_dropout", "feature_dropout_",
