@@ -327,8 +327,7 @@ class Graph:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else _nullcontext():
                 outs = _Interpreter(self.gm, frames).run(*fake)
-                tracker.current = running
-                tracker.state.aim(saved[0])
+                tracker.resume(running, saved[0])
                 middle = list(map(_calls, records))
                 found[0] = _tallied(records)
                 outs = _sinks([o for o in _flat(outs)
@@ -350,8 +349,8 @@ class Graph:
         finally:
             _restore_tallies(records, held)
             active.PRICING.remove(pricing)
-            tracker.current = running
             tracker.state.restore(saved)
+            tracker.resume(running, saved[0])
         after = list(map(_calls, records))
         # metadata queries fake tensors answer through dispatch (prim.device): eager has none
         fake_only = set()

@@ -172,7 +172,7 @@ def exotic_record(mode, key: int, resolved, acc: dict, args, kwargs, out) -> lis
         sig, signature = _exotic_call(resolved, key, args, kwargs, out)
     except _Unpriced:
         if -key not in mode.resolved:
-            mode.resolved[-key] = resolved.unpriced()
+            mode.keep_resolution(-key, resolved.unpriced())
         read = _loose_bytes(list(args) + list((kwargs or {}).values()))
         written = _loose_bytes(out)
         sig, signature = (-key, EXOTIC, read, written), Signature(None, read, written)

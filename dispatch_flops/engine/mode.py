@@ -408,6 +408,12 @@ class CountingMode(TorchDispatchMode):
         found = self.attribution()
         return None if found is None else found[1]
 
+    def keep_resolution(self, key: int, resolved: "_Resolved") -> None:
+        """Keep ``resolved`` under ``key`` unless one is kept there: an op that reaches the
+        mode another way (a FlexAttention operator, ``engine.attention.flex``), a call's
+        unsupported twin (``engine.exotic``)."""
+        self.resolved.setdefault(key, resolved)
+
     def book(self, rec: list) -> None:
         """Keep a record made outside the hot path in the ledger's book (see ``bind``)."""
         self._book.append(rec)

@@ -15,9 +15,10 @@ from typing import Callable, Optional, Sequence
 from torch import nn
 
 from dispatch_flops.engine.expert_load import expert_layers
+from dispatch_flops.engine.ledger import Frame
 from dispatch_flops.engine.nested import PerSequence
 from dispatch_flops.engine.records import CALLS, SIGNATURE
-from dispatch_flops.engine.tracker import Frame, ModuleTracker
+from dispatch_flops.engine.tracker import ModuleTracker
 from dispatch_flops.results.stats import PHASES, ROOT, Phase, static_prefixes
 
 

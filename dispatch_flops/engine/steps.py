@@ -8,14 +8,13 @@ from __future__ import annotations
 import sys
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
 
 if TYPE_CHECKING:
     from dispatch_flops.engine.ledger import Frame
     from dispatch_flops.engine.state import CountingState
-    from dispatch_flops.engine.step_replay import StepReplay
 
 _getframe = sys._getframe
 _get_ident = threading.get_ident
@@ -46,6 +45,16 @@ def suspendable(frame) -> bool:
 CLOSURE = object()
 
 
+class Replayer(Protocol):
+    """What the step hooks tell a step replay (``engine.step_replay.StepReplay``)."""
+
+    def begin(self, optimizer) -> None: ...
+
+    def end(self, optimizer) -> None: ...
+
+    def abort(self) -> None: ...
+
+
 class OptimizerSteps:
     """The optimizer-step half of ``ModuleTracker`` (its hooks ``_step_begins`` and
     ``_step_ends``, registered by ``attach``): the steps running on the tracker's thread,
@@ -59,7 +68,7 @@ class OptimizerSteps:
     root: Frame
     _steps: list
     _recompute_depth: int
-    _replay: Optional[StepReplay]
+    _replay: Optional[Replayer]
 
     if TYPE_CHECKING:
         def _aim(self, phase_changed: bool = False) -> None: ...

@@ -16,7 +16,7 @@ import sys
 import threading
 from collections import OrderedDict
 from types import FrameType
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from torch import nn
 from torch.nn.modules.module import (
@@ -29,19 +29,7 @@ from torch.optim.optimizer import (
 )
 from torch.utils.hooks import RemovableHandle
 
-from dispatch_flops.engine.ledger import (  # noqa: F401  (Frame, Ledger: their old home)
-    BACKWARD_I,
-    FORWARD_I,
-    LEDGERS_LOCK,
-    OPTIMIZER_I,
-    OTHER_I,
-    RECOMPUTE_I,
-    Frame,
-    Ledger,
-    Outside,
-    ledger_for,
-    phase_of,
-)
+from dispatch_flops.engine.ledger import FORWARD_I, Frame, Ledger, Outside, phase_of
 from dispatch_flops.engine.model_cache import ModelFacts, facts_of
 from dispatch_flops.engine.records import engine_cache
 from dispatch_flops.engine.skip import SKIP_FRAMES
@@ -57,10 +45,27 @@ from dispatch_flops.engine.torch_private import lookup, top_saved_tensors_hooks
 from dispatch_flops.results.stats import ROOT, static_prefixes
 
 if TYPE_CHECKING:
-    from dispatch_flops.engine.compiled import GraphRuns
-    from dispatch_flops.engine.mode import CountingMode
-    from dispatch_flops.engine.saved import SavedActivations
     from dispatch_flops.engine.state import CountingState
+
+
+class CountingModeLike(Protocol):
+    """What the tracker and its step replay read of the counting mode (``engine.mode``,
+    which imports the tracker: the tracker names it by what it uses)."""
+
+    runner: Any
+    guarded: bool
+    registry: Any  # a formulas.Registry
+
+    def unbind(self) -> None: ...
+
+
+class SavedWatcher(Protocol):
+    """What the tracker tells of module calls and steps to the counter's saved activations
+    (``engine.saved.SavedActivations``)."""
+
+    def module_called(self) -> None: ...
+
+    def step_begins(self) -> None: ...
 
 ACCUMULATE_GRAD_SEQ = 2**64 - 1  # AccumulateGrad nodes carry the largest sequence number
 # module boundaries kept for attributing backward ops (see _forget_oldest_boundaries)
@@ -212,7 +217,7 @@ class ModuleTracker(OptimizerSteps):
     module hooks run around its own through ``user_hooks`` (``UserHooks``).
     """
 
-    def __init__(self, model: Optional[nn.Module], mode: CountingMode, state: CountingState,
+    def __init__(self, model: Optional[nn.Module], mode: CountingModeLike, state: CountingState,
                  timer: Optional[Timer] = None, shared: bool = False,
                  guard: Optional[FrameType] = None, every_module: bool = False,
                  user_hooks: Optional[UserHooks] = None):
@@ -258,10 +263,10 @@ class ModuleTracker(OptimizerSteps):
         self._replay: Optional[StepReplay] = StepReplay(self, engine_cache(
             mode.registry)) if timer is None and guard is None else None
         # told of module calls when the counter watches saved activations (``watch_saved``)
-        self._saved: Optional[SavedActivations] = None
+        self._saved: Optional[SavedWatcher] = None
         # what the compiled graphs run under this counter did (``compiled.GraphRuns``):
         # made by the first one that runs
-        self.graph_runs: Optional[GraphRuns] = None
+        self.graph_runs: Any = None  # compiled.GraphRuns, made by compiled at a first run
         self.graph_calls = 0  # compiled graph calls that added their counts whole
         self._recompute_depth = 0  # module calls running inside backward (checkpointing)
         self._resume = self.root  # the frame to go back to when recomputing ends
@@ -271,6 +276,13 @@ class ModuleTracker(OptimizerSteps):
         self._aim()
         if self.outside is not self.root:
             self.enter(self.outside)
+
+    def resume(self, frame: Frame, forward_acc: dict) -> None:
+        """Make ``frame`` the running one again, ops with no autograd node going to
+        ``forward_acc``, with no boundary noted: a compiled graph's pricing run, between its
+        forward and its backward and when it ends (``engine.compiled``)."""
+        self.current = frame
+        self.state.aim(forward_acc)
 
     def _aim(self, phase_changed: bool = False) -> None:
         """Point the mode's ``forward_acc`` at the running frame's accumulator for the phase
@@ -336,7 +348,8 @@ class ModuleTracker(OptimizerSteps):
     def mode_left_installed(self) -> bool:
         """Whether the mode is still on the dispatch mode stack (counters exited out of order,
         or a failed exit): it may go on counting into this tracker's ledger."""
-        return self.mode in _get_current_dispatch_mode_stack()
+        mode: object = self.mode
+        return any(m is mode for m in _get_current_dispatch_mode_stack())
 
     def close(self, left_installed: bool) -> None:
         """Counting is over: free a shared ledger for the next counter (which settles the
@@ -552,7 +565,7 @@ class ModuleTracker(OptimizerSteps):
         self._aim(phase_changed=True)
 
     # -- saved activations (FlopCounter(saved_activations=True): engine.saved) ------------
-    def watch_saved(self, saved: SavedActivations) -> None:
+    def watch_saved(self, saved: SavedWatcher) -> None:
         """Tell ``saved`` of every module call this tracker sees from now on
         (``module_called``) and of every new step (``step_begins``: the root called while
         none of its modules runs)."""
@@ -627,18 +640,11 @@ class ModuleTracker(OptimizerSteps):
         if owners is None:  # asked first (a gradient accumulated): build the map once,
             # kept with the model's facts (the same parameters under the same names)
             facts = self.model_facts
-            owners = self._param_owner = self._owners() if facts is None else \
-                facts.get("parameter_owners", self._owners)
+            def build() -> dict[int, str]:
+                return _parameter_owners(self._modules, self._name_of)
+            owners = self._param_owner = build() if facts is None else \
+                facts.get("parameter_owners", build)
         return owners.get(parameter_id)
-
-    def _owners(self) -> dict[int, str]:
-        owners: dict[int, str] = {}
-        for module in self._modules:
-            name = self._name_of[id(module)]
-            for p in module._parameters.values():
-                if p is not None:
-                    owners.setdefault(id(p), name)
-        return owners
 
     def note_module_frame(self, name: str, frame: Frame) -> None:
         """Module ``name`` ran in ``frame`` (a compiled graph's node did): the frame its
@@ -652,3 +658,14 @@ if SKIP_FRAMES is not None:
     for _hook in (ModuleTracker._push, ModuleTracker._pop, ModuleTracker._step_begins,
                   ModuleTracker._step_ends):
         SKIP_FRAMES(_hook.__code__)
+
+
+def _parameter_owners(modules, name_of: dict) -> dict[int, str]:
+    """``{id(parameter): name}`` of the first of ``modules`` holding each parameter."""
+    owners: dict[int, str] = {}
+    for module in modules:
+        name = name_of[id(module)]
+        for p in module._parameters.values():
+            if p is not None:
+                owners.setdefault(id(p), name)
+    return owners

@@ -101,7 +101,7 @@ def count(mode, resolution: HopResolution, q: Tensor, k: Tensor, v: Tensor, outs
         call: tuple = ((q.shape, k.shape, v.shape), None, {})
         signature = Signature(call, _nbytes((q, k, v)), _nbytes(outs),
                               str(q.dtype).replace("torch.", ""))
-        mode.resolved.setdefault(id(resolution), resolution)
+        mode.keep_resolution(id(resolution), resolution)
         rec = acc[key] = [0, 0, signature]
         mode.book(rec)
     rec[CALLS] += 1
