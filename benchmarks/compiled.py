@@ -41,8 +41,10 @@ from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter  # noqa: E402
-from dispatch_flops.engine import compiled as _compiled  # noqa: E402
-from dispatch_flops.engine import mode as _mode  # noqa: E402
+from dispatch_flops.engine.counting import mode as _mode  # noqa: E402
+from dispatch_flops.engine.graphs import compiled as _compiled  # noqa: E402
+from dispatch_flops.engine.graphs import dynamo as _dynamo  # noqa: E402
+from dispatch_flops.engine.graphs import runs as _runs  # noqa: E402
 
 TARGET = 1.05  # issue 42: a counted compiled step against the do-nothing mode's (the floor)
 
@@ -79,7 +81,7 @@ def _graph_overhead(step, iters: int) -> tuple:
     clock = time.perf_counter_ns
     spent = Counter()
     graph_call = _compiled.Graph.__call__
-    wrap_backward = _compiled._backward_without
+    wrap_backward = _runs.backward_without
     graphs = []
 
     def timed_call(self, *args, **kwargs):
@@ -207,7 +209,7 @@ def main() -> None:
 
     kinds = ("eager", "compiled", "under", "empty", "do-nothing")
     runs = (lambda: step(model), lambda: step(compiled), counted, empty, do_nothing)
-    if not _compiled.has_ignore_compile_internals():  # the mode would de-compile the model
+    if not _dynamo.has_ignore_compile_internals():  # the mode would de-compile the model
         kinds, runs = kinds[:-1], runs[:-1]
     for _ in range(3):  # compile, warm up, and count once before the "after" runs
         for fn in runs:

@@ -54,8 +54,8 @@ from always_on import TARGET, DoNothing, models, training_step  # noqa: E402
 from per_op_parts import ByOverload, RunsOnly, keyed_mode  # noqa: E402
 
 from dispatch_flops import FlopCounter  # noqa: E402
-from dispatch_flops.engine.records import engine_cache  # noqa: E402
-from dispatch_flops.engine.skip import SKIP_FRAMES  # noqa: E402
+from dispatch_flops.engine.counting.records import engine_cache  # noqa: E402
+from dispatch_flops.engine.counting.skip import SKIP_FRAMES  # noqa: E402
 
 _RESOLUTIONS = engine_cache(FlopCounter().registry).resolutions  # every counter's, by op id
 _STEPPING = [False]  # an optimizer step runs (the least tracker's step hooks set it)
@@ -63,7 +63,7 @@ _STEPPING = [False]  # an optimizer step runs (the least tracker's step hooks se
 
 def _counted_by_overload(func) -> bool:
     """Whether the counter counts ``func``'s call under its overload alone: a view (as the
-    engine resolved it), or an op of an optimizer step (replayed: engine.step_replay)."""
+    engine resolved it), or an op of an optimizer step (replayed: engine.counting.step_replay)."""
     if _STEPPING[0]:
         return True
     resolved = _RESOLUTIONS.get(id(func))

@@ -54,7 +54,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
 from dispatch_flops import FlopCounter, device_spec, human, measure
-from dispatch_flops.engine import timing as _timing
+from dispatch_flops.engine.timing import clock as _timing
 from dispatch_flops.models import GPT, GPT2_SMALL, GPTConfig
 from dispatch_flops.results.format import duration
 
@@ -158,7 +158,7 @@ def host_cost_per_op(repeat: int) -> None:
     with FlopCounter(model) as probe:
         step()
     ops = probe.total.calls
-    from dispatch_flops.engine import kineto
+    from dispatch_flops.engine.timing import kineto
 
     variants = {"eager": None, "counting": dict(), "events": dict(timing="events"),
                 "kernels, recorded": dict(timing=True), "kernels, reused": dict(timing=True)}
@@ -367,7 +367,7 @@ def kernels_vs_profiler(model, step, repeat: int, top: int) -> bool:
     """Check 8 (``--kernels``): ``timing=True`` (kernel time) against torch.profiler on the
     same step: the attributed share, each top op against its ``self_device_time_total``,
     and what a recorded and a reusing step cost against eager."""
-    from dispatch_flops.engine import kineto
+    from dispatch_flops.engine.timing import kineto
 
     theirs, kernels_s, _ = _profiled(step, ROUNDS)
     with FlopCounter(timing=True) as fc:  # no model: this block is recorded
@@ -409,7 +409,7 @@ def kernels_vs_profiler(model, step, repeat: int, top: int) -> bool:
 
 
 def _counted(model, step, every=None) -> None:
-    from dispatch_flops.engine import kineto
+    from dispatch_flops.engine.timing import kineto
 
     if every is not None:  # every block recorded: the sampled step's cost
         kineto._samplers.pop(model, None)
@@ -422,7 +422,7 @@ _REUSING: dict = {}
 
 def _reusing(model, step):
     """A schedule that has recorded ``step``'s signatures and reuses them on every block."""
-    from dispatch_flops.engine import kineto
+    from dispatch_flops.engine.timing import kineto
 
     sampler = _REUSING.get(id(model))
     if sampler is None:

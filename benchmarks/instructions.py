@@ -93,8 +93,8 @@ def _variants(model, step, names, compiled: bool = False):
         from compiled import DoNothing
 
     from dispatch_flops import FlopCounter
-    from dispatch_flops.engine import mode as _mode
-    from dispatch_flops.engine.skip import SKIP_FRAMES as _SKIP_FRAMES
+    from dispatch_flops.engine.counting import mode as _mode
+    from dispatch_flops.engine.counting.skip import SKIP_FRAMES as _SKIP_FRAMES
 
     sink = []
 

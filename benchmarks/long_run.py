@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.mode import SIGNATURES_KEPT
-from dispatch_flops.engine.records import engine_cache
+from dispatch_flops.engine.counting.mode import SIGNATURES_KEPT
+from dispatch_flops.engine.counting.records import engine_cache
 from dispatch_flops.formulas import REGISTRY
 
 WIDTH = 16

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.skip import SKIP_FRAMES as _SKIP_FRAMES
+from dispatch_flops.engine.counting.skip import SKIP_FRAMES as _SKIP_FRAMES
 from dispatch_flops.models import GPT, GPTConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

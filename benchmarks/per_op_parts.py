@@ -38,9 +38,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from always_on import models, training_step  # noqa: E402
 
 from dispatch_flops import FlopCounter  # noqa: E402
-from dispatch_flops.engine.calls import FLOAT, TOLD_APART, key_of  # noqa: E402
-from dispatch_flops.engine.records import engine_cache  # noqa: E402
-from dispatch_flops.engine.skip import SKIP_FRAMES  # noqa: E402
+from dispatch_flops.engine.counting.calls import FLOAT, TOLD_APART, key_of  # noqa: E402
+from dispatch_flops.engine.counting.records import engine_cache  # noqa: E402
+from dispatch_flops.engine.counting.skip import SKIP_FRAMES  # noqa: E402
 
 _node = torch._C._current_autograd_node
 _SCALARS = frozenset((int, float, bool, complex, str, list, tuple, type(None), torch.dtype,

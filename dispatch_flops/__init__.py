@@ -20,7 +20,7 @@ label without a model, ``"global"``) and ``profile_generate``'s stages (``ENCODE
 from dispatch_flops.compat.deepspeed import FlopsProfiler, get_model_profile
 from dispatch_flops.compat.torch_mode import FlopCounterMode
 from dispatch_flops.counter import FlopCounter
-from dispatch_flops.engine.activations import Activations
+from dispatch_flops.engine.model.activations import Activations
 from dispatch_flops.formulas import Category, Cost, has_formula, register_formula
 from dispatch_flops.results.format import human
 from dispatch_flops.results.profile import ModuleFacts, Profile, RunFacts

@@ -18,23 +18,24 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from dispatch_flops.engine import active
-from dispatch_flops.engine import compiled as _compiled
-from dispatch_flops.engine import cuda_graphs as _cuda_graphs
-from dispatch_flops.engine import expert_load as _experts
-from dispatch_flops.engine import module_facts as _facts
-from dispatch_flops.engine.expert_load import ExpertLoad
-from dispatch_flops.engine.kineto import KERNELS, SAMPLE_EVERY, TIMINGS
-from dispatch_flops.engine.ledger import LEDGERS_LOCK, Ledger, ledger_for
-from dispatch_flops.engine.mode import CountingMode, GuardedCountingMode, exit_mode
-from dispatch_flops.engine.model_cache import holds_dtensor
-from dispatch_flops.engine.records import Captured, engine_cache
-from dispatch_flops.engine.saved import SavedActivations
-from dispatch_flops.engine.state import CountingState
-from dispatch_flops.engine.timers import new_timer, runner_for, unrelay
-from dispatch_flops.engine.timing import Timer, cuda_index
-from dispatch_flops.engine.trace import is_tracing, trace_events
-from dispatch_flops.engine.tracker import ModuleTracker, UserHooks, block_frame
+from dispatch_flops.engine.counting import active
+from dispatch_flops.engine.counting.ledger import LEDGERS_LOCK, Ledger, ledger_for
+from dispatch_flops.engine.counting.mode import CountingMode, GuardedCountingMode, exit_mode
+from dispatch_flops.engine.counting.records import Captured, engine_cache
+from dispatch_flops.engine.counting.state import CountingState
+from dispatch_flops.engine.counting.tracker import ModuleTracker, UserHooks, block_frame
+from dispatch_flops.engine.graphs import compiled as _compiled
+from dispatch_flops.engine.graphs import cuda_graphs as _cuda_graphs
+from dispatch_flops.engine.graphs import dynamo as _dynamo
+from dispatch_flops.engine.model import expert_load as _experts
+from dispatch_flops.engine.model import module_facts as _facts
+from dispatch_flops.engine.model.expert_load import ExpertLoad
+from dispatch_flops.engine.model.model_cache import holds_dtensor
+from dispatch_flops.engine.model.saved import SavedActivations
+from dispatch_flops.engine.timing.clock import Timer, cuda_index
+from dispatch_flops.engine.timing.factory import new_timer, runner_for, unrelay
+from dispatch_flops.engine.timing.kineto import KERNELS, SAMPLE_EVERY, TIMINGS
+from dispatch_flops.engine.timing.trace import is_tracing, trace_events
 from dispatch_flops.formulas import REGISTRY, Registry
 from dispatch_flops.results.facts import ModuleFacts, RunFacts
 from dispatch_flops.results.profile import Profile
@@ -43,7 +44,7 @@ from dispatch_flops.results.schema import PathLike
 from dispatch_flops.results.stats import GLOBAL
 
 ATTENTION_MODES = ("dense", "causal")
-_compiled.install()  # graphs dynamo compiles from now on count when a counter runs
+_dynamo.install()  # graphs dynamo compiles from now on count when a counter runs
 
 
 class FlopCounter(ProfileViews):
@@ -65,7 +66,7 @@ class FlopCounter(ProfileViews):
     to count causal pairs, which ``model_flops`` gives; read that instead.
     ``timing=True`` also measures latency. On CUDA each op gets the time of the kernels it
     launched (Kineto/CUPTI, recorded on one block in ``kernel_sampling`` (10) per model and
-    reused on the others, 1 records every block; see ``engine.kineto`` and docs/timing.md),
+    reused on the others, 1 records every block; see ``engine.timing.kineto`` and docs/timing.md),
     each module call its kernels' span and the
     idle time inside it; where Kineto cannot record, a warning, and module boundaries only.
     ``timing="events"`` instead brackets every CUDA op with two CUDA events on its stream
@@ -116,14 +117,14 @@ class FlopCounter(ProfileViews):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
         # torch.compile(model): count the user's module, under its own names (its graphs
-        # count through _compiled)
-        model = _compiled.unwrap(model)
+        # count through engine.graphs)
+        model = _dynamo.unwrap(model)
         self.model = model
         self.attention = attention
         self.registry = registry if registry is not None else REGISTRY
         self.trace = trace  # a timeline: every op's and module call's start and end
         self.timing = bool(timing) or trace
-        # CUDA ops timed by their kernels (engine.kineto) unless per-op events are asked for
+        # CUDA ops timed by their kernels (engine.timing.kineto) unless per-op events are asked for
         self._kernels = timing is True or timing == KERNELS
         self.saved_activations = saved_activations
         self.kernel_sampling = kernel_sampling  # with timing=True on CUDA and a model
@@ -136,7 +137,8 @@ class FlopCounter(ProfileViews):
         self._wall_start = None
         self._saved: Optional[SavedActivations] = None  # bytes saved for backward, if asked
         self._relay = None  # the Relay this counter put under the mode below it, if nested
-        self._experts: Optional[ExpertLoad] = None  # the MoE layers' hooks (engine.expert_load)
+        # the MoE layers' hooks (engine.model.expert_load)
+        self._experts: Optional[ExpertLoad] = None
         self._parts: Optional[_Parts] = None  # what __enter__ installed, for __exit__
         self._captured: Optional[tuple] = None  # (Captured, ModuleFacts, RunFacts)
         # (volatile run facts, (module types, params)) read at exit: see __exit__
@@ -144,7 +146,8 @@ class FlopCounter(ProfileViews):
         self._profile: Optional[Profile] = None
         # with no model, name every module called, torch's way (FlopCounterMode sets it)
         self._every_module = False
-        # module hooks the tracker runs around its own (engine.tracker.UserHooks): workflows'
+        # module hooks the tracker runs around its own (engine.counting.tracker.UserHooks):
+        # workflows'
         self.user_hooks = UserHooks()
 
     # -- context manager ------------------------------------------------------------------
@@ -375,7 +378,7 @@ class FlopCounter(ProfileViews):
 
     @property
     def state(self) -> CountingState:
-        """What counting changes (``engine.state``), for workflows that tell the counter
+        """What counting changes (``engine.counting.state``), for workflows that tell the counter
         about the work they run (``tag_transfer``, ``note_pipeline``). ``ValueError`` when
         the block is not running."""
         if not self._active or self._tracker is None:
@@ -384,7 +387,7 @@ class FlopCounter(ProfileViews):
 
     @property
     def timer(self) -> Optional[Timer]:
-        """The block's clock (``engine.timing``: ``mark()``, ``span(...)``) when timing, else
+        """The block's clock (``engine.timing.clock``: ``mark()``, ``span(...)``) when timing, else
         None."""
         return self._timer
 

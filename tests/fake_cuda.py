@@ -27,7 +27,7 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dispatch_flops.engine import timing as _timing
+from dispatch_flops.engine.timing import clock as _timing
 
 TICK_NS = 1000
 

@@ -162,7 +162,7 @@ class SyntheticGpu:
 
     def __init__(self, kernels: Mapping[str, list], outside_us: float = 5.0,
                  graphs: Optional[Mapping[int, list]] = None) -> None:
-        from dispatch_flops.engine.kineto import KinetoSession
+        from dispatch_flops.engine.timing.kineto import KinetoSession
 
         self.session = KinetoSession(cuda=False)
         self.kernels = kernels
@@ -175,7 +175,7 @@ class SyntheticGpu:
         self.session.start()
 
     def stop(self):
-        from dispatch_flops.engine import kernels as K
+        from dispatch_flops.engine.timing import kernels as K
 
         self.stopped += 1
         host, device = self.session.stop()

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from dispatch_flops import ROOT
-from dispatch_flops.engine.activations import ActivationRecorder
+from dispatch_flops.engine.model.activations import ActivationRecorder
 
 
 class TwoOut(nn.Module):

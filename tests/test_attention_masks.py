@@ -369,7 +369,7 @@ if __name__ == "__main__":
 def test_device_counts_are_kept_on_the_device_and_read_once():
     """A count on a device other than the CPU is added as a tensor (never read per call);
     ``read_all`` reads every tally's counts with one stack per device."""
-    from dispatch_flops.engine.attention.tally import Tally, read_all
+    from dispatch_flops.engine.masks.tally import Tally, read_all
 
     kept = Tally(1, 1)
     kept.add(torch.tensor(3, device="meta"))
@@ -388,7 +388,7 @@ def test_block_counts_clip_the_last_block_to_the_sequence(s):
     blocks equal the naive loop's (a consistent mask lists every block holding one)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from dispatch_flops.engine.attention import flex
+    from dispatch_flops.engine.masks import flex
 
     allowed = documents([100, 60, s - 160])
     table = mask_of(allowed, s)

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from dispatch_flops import Cost, FlopCounter
-from dispatch_flops.engine import mode as engine_mode
-from dispatch_flops.engine import records
-from dispatch_flops.engine.ledger import Ledger
-from dispatch_flops.engine.mode import SIGNATURES_KEPT
-from dispatch_flops.engine.records import engine_cache
+from dispatch_flops.engine.counting import mode as engine_mode
+from dispatch_flops.engine.counting import records
+from dispatch_flops.engine.counting.ledger import Ledger
+from dispatch_flops.engine.counting.mode import SIGNATURES_KEPT
+from dispatch_flops.engine.counting.records import engine_cache
 from dispatch_flops.formulas import REGISTRY, Registry
 
 

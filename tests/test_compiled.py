@@ -12,7 +12,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.compiled import has_ignore_compile_internals
+from dispatch_flops.engine.graphs.dynamo import has_ignore_compile_internals
 from helpers import OpLog, tiny_gpt, tiny_ids
 
 pytestmark = [pytest.mark.slow,  # compiles: seconds a test, dynamo's import first
@@ -140,7 +140,7 @@ def test_a_repeat_call_prices_nothing_and_adds_the_first_calls_counts(monkeypatc
     makes no aot_autograd node (``eager``: a hook on the nodes it made adds them). A new
     counter's gradient accumulation goes where eager's does: under the modules the graph
     runs, though it never prices them again."""
-    from dispatch_flops.engine.compiled import Graph
+    from dispatch_flops.engine.graphs.compiled import Graph
 
     torch.manual_seed(0)
     # nested: a gradient accumulated into 0.0's weight belongs under 0 (inclusive counts)
@@ -212,7 +212,7 @@ def test_graphs_outside_a_counter_cost_one_call():
     assert (list(callback_handler.start_callbacks), list(callback_handler.end_callbacks)) \
         == before
     assert not torch.nn.modules.module._global_forward_pre_hooks
-    from dispatch_flops.engine import active
+    from dispatch_flops.engine.counting import active
     assert not active.COUNTING
 
 
@@ -225,7 +225,7 @@ def test_graphs_run_with_no_counting_mode_and_other_modes_kept(monkeypatch):
     after the step (and after a graph that raises)."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    from dispatch_flops.engine import mode as _mode
+    from dispatch_flops.engine.counting import mode as _mode
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.compiled import has_ignore_compile_internals
+from dispatch_flops.engine.graphs.dynamo import has_ignore_compile_internals
 from helpers import additive
 
 pytestmark = [pytest.mark.slow,  # compiles: seconds a test

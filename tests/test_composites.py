@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.mode import _decomposable
+from dispatch_flops.engine.counting.mode import _decomposable
 from dispatch_flops.formulas import REGISTRY
 
 dim = st.integers(1, 5)

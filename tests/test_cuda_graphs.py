@@ -1,4 +1,4 @@
-"""CUDA graphs under a counter (engine.cuda_graphs), on the CPU: a stand-in for
+"""CUDA graphs under a counter (engine.graphs.cuda_graphs), on the CPU: a stand-in for
 ``torch.cuda.CUDAGraph`` (tests/fake_cuda_graph.py) with its surface, followed as torch's own
 class is; the oracle is the same model counted eagerly."""
 
@@ -10,10 +10,10 @@ from kineto_traces import SyntheticGpu
 from torch import nn
 
 from dispatch_flops import FlopCounter, Profile
-from dispatch_flops.engine import cuda_graphs as _graphs
-from dispatch_flops.engine import kineto as _kineto
-from dispatch_flops.engine.compiled import Without
-from dispatch_flops.engine.kernels import GRAPH_PREFIX, DeviceActivity, HostEvent, join
+from dispatch_flops.engine.graphs import cuda_graphs as _graphs
+from dispatch_flops.engine.graphs.runs import Without
+from dispatch_flops.engine.timing import kineto as _kineto
+from dispatch_flops.engine.timing.kernels import GRAPH_PREFIX, DeviceActivity, HostEvent, join
 from helpers import OpLog
 
 

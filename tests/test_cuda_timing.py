@@ -12,8 +12,8 @@ from fake_cuda import TICK_NS, FakeCuda, HostDevices
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine import mode as _mode
-from dispatch_flops.engine import timing as _timing
+from dispatch_flops.engine.counting import mode as _mode
+from dispatch_flops.engine.timing import clock as _timing
 
 
 @pytest.fixture

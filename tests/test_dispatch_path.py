@@ -89,7 +89,7 @@ WORK = {
 
 @pytest.mark.parametrize("name", sorted(WORK))
 def test_a_mode_below_a_counter_sees_only_the_users_ops(name):
-    # a dropout counted first leaves the tallies following its noise (engine.attention.dropout),
+    # a dropout counted first leaves the tallies following its noise (engine.masks.dropout),
     # so that they inspect the arguments of every later mul: the run order of the suite once decided
     # whether a jagged tensor's layout query reached the mode below
     with FlopCounter():

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from dispatch_flops import ROOT, FlopCounter
-from dispatch_flops.engine.mode import _unwrapping
+from dispatch_flops.engine.counting.mode import _unwrapping
 
 ENGINE = pathlib.Path(__file__).resolve().parent.parent / "dispatch_flops" / "engine"
 
@@ -64,8 +64,10 @@ def test_the_engines_parts_use_only_the_trackers_public_surface():
     """Compiled graphs, module facts, saved activations, the dispatch mode and the counter
     read the tracker through its documented methods and attributes, never its private
     state."""
-    files = [ENGINE / "compiled.py", ENGINE / "module_facts.py", ENGINE / "saved.py",
-             ENGINE / "mode.py", ENGINE.parent / "counter.py"]
+    files = [ENGINE / "graphs" / "compiled.py", ENGINE / "graphs" / "runs.py",
+             ENGINE / "graphs" / "dynamo.py", ENGINE / "model" / "module_facts.py",
+             ENGINE / "model" / "saved.py", ENGINE / "counting" / "mode.py",
+             ENGINE.parent / "counter.py"]
     assert {f.name: _private_tracker_reads(f) for f in files} == {f.name: [] for f in files}
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from dispatch_flops import ROOT, FlopCounter, Profile, Stats, measure
-from dispatch_flops.engine import trace as _trace
+from dispatch_flops.engine.timing import trace as _trace
 from dispatch_flops.export import COLUMNS, rows
 from dispatch_flops.results.stats import PHASES
 from helpers import step, tiny_gpt, tiny_ids

@@ -18,9 +18,10 @@ from torch.utils.hooks import RemovableHandle
 
 import strategies
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine import active, compiled, tracker
+from dispatch_flops.engine.counting import active, tracker
 
 # -- entering and leaving is all or nothing ----------------------------------------------------
+from dispatch_flops.engine.graphs import compiled
 
 
 class Experts(nn.Module):

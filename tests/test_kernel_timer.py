@@ -11,7 +11,7 @@ from kineto_traces import SyntheticGpu, raw_launch
 from torch import nn
 
 from dispatch_flops import FlopCounter, Profile
-from dispatch_flops.engine import kineto as _kineto
+from dispatch_flops.engine.timing import kineto as _kineto
 
 KERNELS = {
     "aten::addmm": [("kernel", "sm90_xmma_gemm_bf16", 10.0)],

@@ -1,4 +1,4 @@
-"""The kernel join (engine.kernels) from activity traces in Kineto's shape: the CPU half
+"""The kernel join (engine.timing.kernels) from activity traces in Kineto's shape: the CPU half
 recorded here by torch.profiler, the GPU half synthetic (tests/kineto_traces.py)."""
 
 import pytest
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kineto_traces import add_gpu, device_event, host_op, launch, mark, record_cpu
 
-from dispatch_flops.engine import kernels as K
+from dispatch_flops.engine.timing import kernels as K
 
 KERNELS = {
     "aten::addmm": [("kernel", "ampere_sgemm_32x32_sliced1x4_tn", 10.0)],

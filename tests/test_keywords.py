@@ -1,4 +1,5 @@
-"""The formula contract's opt-in keywords come from one table (``engine.mode.KEYWORDS``), and
+"""The formula contract's opt-in keywords come from one table (``engine.counting.mode.KEYWORDS``),
+and
 the deprecated ``attention="causal"`` keeps its old figures without keying the engine's
 caches (figures computed at 0f19d87, before it left the caches: tests/golden)."""
 
@@ -13,8 +14,8 @@ import torch.nn.functional as F
 
 import dispatch_flops.formulas._registry as registry_module
 from dispatch_flops import FlopCounter, Profile
-from dispatch_flops.engine import mode as engine_mode
-from dispatch_flops.engine.records import engine_cache
+from dispatch_flops.engine.counting import mode as engine_mode
+from dispatch_flops.engine.counting.records import engine_cache
 from dispatch_flops.formulas import REGISTRY, Cost, Registry
 from dispatch_flops.formulas.attention import attention_pairs
 from dispatch_flops.models import GPT, GPTConfig

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.records import engine_cache
+from dispatch_flops.engine.counting.records import engine_cache
 from dispatch_flops.formulas import REGISTRY, Registry
 from helpers import tiny_gpt, tiny_ids
 
@@ -231,7 +231,7 @@ def test_one_counter_for_a_long_run_keeps_a_window_of_boundaries(monkeypatch):
     """Module boundaries (for attributing backward ops) are kept in a window, so a counter
     left open across a training run stays small; a window as long as one step changes
     nothing."""
-    from dispatch_flops.engine import tracker as _tracker
+    from dispatch_flops.engine.counting import tracker as _tracker
 
     model, idx = tiny_gpt(), tiny_ids()
     with FlopCounter(model) as one:

@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.attention import dropout, math_path
+from dispatch_flops.engine.masks import dropout, math_path
 from dispatch_flops.formulas import ELEMENT_COSTS as C
 
 

@@ -18,7 +18,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.compiled import has_ignore_compile_internals
+from dispatch_flops.engine.graphs.dynamo import has_ignore_compile_internals
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow,  # models built from config, and inductor compiles

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine import nested as nested_engine
+from dispatch_flops.engine.counting import nested as nested_engine
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

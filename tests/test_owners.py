@@ -1,4 +1,4 @@
-"""Every slot has one owner (issue 52): only ``engine/mode.py`` changes a counting mode's
+"""Every slot has one owner (issue 52): only ``engine/counting/mode.py`` changes a counting mode's
 attributes (other files go through its methods: ``resolve``, ``wrap_runner``/``unwrap_runner``,
 ``divert``, ``bind``), and each part of ``CountingState`` is written only by the engine files
 its table (``state.WRITERS``) lists. Read from the source (AST): an assignment, an augmented
@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 import dispatch_flops
-from dispatch_flops.engine import mode, state
+from dispatch_flops.engine.counting import mode, state
 
 PACKAGE = pathlib.Path(dispatch_flops.__file__).parent
 MUTATORS = frozenset(("append", "extend", "insert", "pop", "popitem", "clear", "remove",

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from torch import Tensor
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine import mode as _mode
-from dispatch_flops.engine.calls import FLOAT, KWARGS, STRIDED, TOLD_APART
+from dispatch_flops.engine.counting import mode as _mode
+from dispatch_flops.engine.counting.calls import FLOAT, KWARGS, STRIDED, TOLD_APART
 from tests.strategies import op_arguments
 
 

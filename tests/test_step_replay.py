@@ -1,4 +1,5 @@
-"""Optimizer steps counted once, then replayed (engine.step_replay): every figure a replayed
+"""Optimizer steps counted once, then replayed (engine.counting.step_replay): every figure a
+replayed
 step gives equals what counting it in full gives, and the steps a replay could get wrong are
 counted in full."""
 
@@ -11,8 +12,8 @@ import torch
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine import step_replay
-from dispatch_flops.engine.step_replay import StepReplay
+from dispatch_flops.engine.counting import step_replay
+from dispatch_flops.engine.counting.step_replay import StepReplay
 
 
 def _model() -> nn.Module:

@@ -211,7 +211,7 @@ def test_meta_runner_changes_nothing_but_speed(monkeypatch):
 def test_meta_runner_runs_mutating_aliasing_and_real_ops_for_real():
     from types import SimpleNamespace
 
-    from dispatch_flops.engine.meta import MetaRunner
+    from dispatch_flops.engine.counting.meta import MetaRunner
 
     class Runner(MetaRunner):  # the mode hands runners its resolution of the op
         def run(self, op, args, kwargs):

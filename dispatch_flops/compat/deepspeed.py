@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dispatch_flops.counter import FlopCounter
-from dispatch_flops.engine.activations import ActivationRecorder
+from dispatch_flops.engine.model.activations import ActivationRecorder
 from dispatch_flops.results.format import duration, human
 from dispatch_flops.results.stats import FORWARD, ROOT, check_int
 from dispatch_flops.views.deepspeed_printout import ProfileView, World

@@ -1,6 +1,9 @@
-"""The engine room: counting. The dispatch mode (``mode``) prices every aten op into op
-records (``records``) of the module frame the tracker (``tracker``) says is running; timing
-(``timing``, ``trace``), meta-device runs (``meta``), compiled graphs (``compiled``), saved
-activations (``saved``), module facts (``facts``), module outputs (``activations``), MoE
-expert load (``experts``) and attention's masked pairs (``attention``) are its parts. It
-imports ``results`` (the types it fills) and the formula library, never views."""
+"""The engine: counting. A folder a room; torch's private APIs (``torch_private``) serve all.
+
+``counting``: the dispatch mode, the module tracker and the state they share, the ledger of
+op records and how a call is keyed; ``timing``: clocks, Kineto's kernel times and the join,
+the timeline, the timer factory; ``masks``: attention's mask tallies and FlexAttention;
+``graphs``: compiled graphs (dynamo's hook, pricing, runs) and CUDA graphs; ``model``: facts
+read from the model (module facts, expert load, saved activations, module outputs). It
+imports ``results`` (the types it fills) and the formula library, never views.
+"""

@@ -1,7 +1,7 @@
 """MoE expert load as figures (``Profile.experts``; ``Profile.experts_table`` lays them out,
 in ``views.text``): per MoE layer, the tokens each expert was given, their imbalance, and the
 padding a capacity kernel computed. The counts come from ``RunFacts.experts``
-(``engine.expert_load`` records them, by the rules docs/distributed.md states)."""
+(``engine.model.expert_load`` records them, by the rules docs/distributed.md states)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ class ModuleFacts:
     # own time does not exist: the graph runs fused kernels; see Profile.in_graphs)
     graph_runs: dict = field(default_factory=dict)
     in_graphs: tuple = ()
-    # kernel timing (engine.kineto): ns the device sat idle inside each module's forward calls
+    # kernel timing (engine.timing.kineto): ns the device sat idle inside each module's forward
+    # calls
     # (their kernels' span minus the union of their kernels: the device waiting on the host,
     # charged to no op), by name, on the blocks that recorded kernels
     idle: dict = field(default_factory=dict)
@@ -53,7 +54,7 @@ class RunFacts:
     ``attention_calls`` and ``parameters``: what the MFU conventions read (``conventions``):
     the forward attention calls, ``(stack, batch, heads, q_len, k_len, head_dim, value_dim,
     causal, calls)`` each, and the model's parameters in groups, ``(name, count)`` pairs
-    (``engine.module_facts``)."""
+    (``engine.model.module_facts``)."""
 
     model: str = GLOBAL  # the root's label: the model's class name
     has_model: bool = False
@@ -82,10 +83,10 @@ class RunFacts:
     # gradients), ns its time (start_ns from the block's start; both 0 untimed), sent and
     # received the bytes of the activations (F) or gradients (B, I) it sent and received
     pipeline: tuple = ()
-    # MoE layers (engine.expert_load): ``(layer, tokens per expert, rows computed per expert,
+    # MoE layers (engine.model.expert_load): ``(layer, tokens per expert, rows computed per expert,
     # calls)`` each, in tree order; rows exceed tokens where the kernel pads to a capacity
     experts: tuple = ()
-    # kernel timing (engine.kineto): what the join of the recorded blocks found, ints by
+    # kernel timing (engine.timing.kineto): what the join of the recorded blocks found, ints by
     # KERNEL_FACTS' names (empty otherwise); see ``ProfileViews.kernel_time``
     kernels: dict = field(default_factory=dict)
     # attention calls whose mask had no values (a user's mask on meta or fake tensors): model

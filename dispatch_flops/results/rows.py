@@ -1,5 +1,6 @@
 """A Profile's rows: one per (module stack, phase, op overload, category, dtype), with its
-counts. The engine makes them (``engine.records.Captured.rows``); ``schema`` reads them from
+counts. The engine makes them (``engine.counting.records.Captured.rows``); ``schema`` reads them
+from
 files; every view in ``aggregate`` sums them.
 """
 
@@ -13,7 +14,7 @@ from dispatch_flops.results.stats import COUNTS
 ROW = COUNTS + ("ns",)  # a row's counts: every Stats count, then measured ns
 NS_AT = len(ROW) - 1  # where ns sits in a row's counts
 # the operator of a row of kernels no op launched (raw Triton, extensions, NCCL, CUDA graph
-# replays): "kernel:<kernel name>", unsupported (flops unknown), timed (engine.kineto)
+# replays): "kernel:<kernel name>", unsupported (flops unknown), timed (engine.timing.kineto)
 KERNEL_ROW_PREFIX = "kernel:"
 # a row's counts: ints in ROW order (per_step's means may make some floats)
 Counts = tuple
