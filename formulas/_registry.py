@@ -39,8 +39,8 @@ names them.
 * ``group_rank``: this process's rank in that group (0 when it names none): what an uneven
   all-to-all or a rooted collective sends depends on it.
 
-The engine keeps these keywords in one table (``engine.mode.KEYWORDS``): a new keyword is a
-row there and a bullet here.
+The engine keeps these keywords in one table (``engine.counting.calls.KEYWORDS``): a new
+keyword is a row there and a bullet here.
 
 A formula returns a ``Cost`` of integers >= 0 (numpy integers are taken as ints). One that
 raises, or returns anything else, loses nothing else of the run: its calls are reported

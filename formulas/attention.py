@@ -14,7 +14,7 @@ the pairs above torch's top-left-aligned causal diagonal are masked: their share
 ``Cost``'s ``masked_flops`` / ``masked_macs`` (model flops count only the unmasked pairs).
 Non-MAC flops per pair: the scale, the softmax and (backward) its gradient, from ELEMENT_COSTS;
 an additive mask/bias adds one flop per pair. A mask tensor's masked pairs are tensor values:
-the engine counts them (``engine.attention``), at the per-pair rate these formulas imply.
+the engine counts them (``engine.masks``), at the per-pair rate these formulas imply.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def efficient_attention_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_
 
 # The formulas whose masked share is the causal diagonal alone (``is_causal``, a
 # ``custom_mask_type``: shapes, never a mask's values): what the counter's deprecated
-# ``attention="causal"`` takes their kernels to skip exactly (``engine.records``).
+# ``attention="causal"`` takes their kernels to skip exactly (``engine.counting.records``).
 CAUSAL_DIAGONAL_FORMULAS = frozenset((
     sdpa_flash_cpu, sdpa_flash, sdpa_with_bias, sdpa_generic, flash_attention_forward,
     efficient_attention_forward, sdpa_flash_cpu_backward, sdpa_flash_backward,

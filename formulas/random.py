@@ -6,7 +6,7 @@ with p; dropout compares, masks and rescales. Dropout's work is hardware work, n
 model's: a model has the same model flops in ``train()`` and ``eval()`` (docs/conventions.md,
 "Hardware and model flops"), so every dropout formula returns its flops as ``masked_flops``
 too, the hardware-only share (the CPU's decomposition, ``bernoulli_`` and the products with
-its noise, is recognised by the engine: ``engine.attention.dropout``).
+its noise, is recognised by the engine: ``engine.masks.dropout``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The formula contract's opt-in keywords come from one table (``engine.counting.mode.KEYWORDS``),
+"""The formula contract's opt-in keywords come from one table (``engine.counting.calls.KEYWORDS``),
 and
 the deprecated ``attention="causal"`` keeps its old figures without keying the engine's
 caches (figures computed at 0f19d87, before it left the caches: tests/golden)."""
