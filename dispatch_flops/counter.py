@@ -146,8 +146,7 @@ class FlopCounter(ProfileViews):
         self._profile: Optional[Profile] = None
         # with no model, name every module called, torch's way (FlopCounterMode sets it)
         self._every_module = False
-        # module hooks the tracker runs around its own (engine.counting.tracker.UserHooks):
-        # workflows'
+        # workflows' module hooks, which the tracker runs around its own (UserHooks)
         self.user_hooks = UserHooks()
 
     # -- context manager ------------------------------------------------------------------
@@ -261,8 +260,9 @@ class FlopCounter(ProfileViews):
         return sorted(d for d in devices if d >= 0)
 
     def _on_meta(self) -> bool:
-        """Whether the model lives on the meta device (shape-only counting: see _meta): its
-        first parameter is there (found without ``parameters()``'s walk of every module)."""
+        """Whether the model lives on the meta device (shape-only counting: see
+        ``meta.MetaRunner``): its first parameter is there (found without ``parameters()``'s
+        walk of every module)."""
         todo = [self.model] if self.model is not None else []
         while todo:
             module = todo.pop()

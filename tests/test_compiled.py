@@ -135,7 +135,7 @@ def test_recompiles_for_new_shapes_count_each_shape():
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager", "eager"])
 def test_a_repeat_call_prices_nothing_and_adds_the_first_calls_counts(monkeypatch, backend):
     """A graph called again with input shapes priced already adds its priced counts and
-    nothing else: no pricing, in the same counter (counts doubled, as eager's are) or the
+    nothing else: no fake_run, in the same counter (counts doubled, as eager's are) or the
     next (equal to the first), timing on as off; its backward counts too where the backend
     makes no aot_autograd node (``eager``: a hook on the nodes it made adds them). A new
     counter's gradient accumulation goes where eager's does: under the modules the graph
@@ -151,8 +151,8 @@ def test_a_repeat_call_prices_nothing_and_adds_the_first_calls_counts(monkeypatc
     first = counted(compiled, x)
     assert_same_counts(first, counted(reference, x))
     priced = []
-    original = Graph._price
-    monkeypatch.setattr(Graph, "_price",
+    original = Graph._count_on_fake
+    monkeypatch.setattr(Graph, "_count_on_fake",
                         lambda self, *a: priced.append(self) or original(self, *a))
 
     def twice(m, timing):

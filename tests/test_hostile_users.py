@@ -319,7 +319,7 @@ def test_lightning_validation_inside_a_step_is_not_the_steps(monkeypatch):
     with FlopCounter(model) as fc:
         for _ in range(2):  # a step: two micro-batches
             model(**batch)["loss"].backward()
-    prices = {p.model_flops for p in callback.meter._prices.values()}
+    prices = {p.model_flops for p in callback.meter._step_flops.values()}
     assert prices == {fc.model_flops()}
     reading = callback.meter.reading()
     assert reading.steps >= 2 and reading.step_s == 2 * 0.25
@@ -569,7 +569,7 @@ def test_a_compiled_graph_taking_a_python_float_is_counted_not_a_crash():
 
 @pytest.mark.slow
 def test_a_graph_that_cannot_be_priced_is_counted_as_eager_with_a_warning(monkeypatch):
-    """Pricing that fails on fake tensors (whatever the reason): a warning, and the graph's
+    """FakeRun that fails on fake tensors (whatever the reason): a warning, and the graph's
     runs inside the counter are the traced graph run op by op: eager's counts, eager's
     result."""
 
@@ -582,7 +582,7 @@ def test_a_graph_that_cannot_be_priced_is_counted_as_eager_with_a_warning(monkey
 
     x, w = torch.randn(4, 8), torch.randn(8, 8)
     mlp(x, w)
-    monkeypatch.setattr(compiled.Graph, "_price", refuse)
+    monkeypatch.setattr(compiled.Graph, "_count_on_fake", refuse)
     with pytest.warns(RuntimeWarning, match="counted as eager"):
         with FlopCounter() as fc:
             out = mlp(x, w)

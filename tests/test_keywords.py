@@ -1,7 +1,7 @@
-"""The formula contract's opt-in keywords come from one table (``engine.counting.calls.KEYWORDS``),
-and
-the deprecated ``attention="causal"`` keeps its old figures without keying the engine's
-caches (figures computed at 0f19d87, before it left the caches: tests/golden)."""
+"""The formula contract's opt-in keywords come from one table
+(``engine.counting.calls.KEYWORDS``), and the deprecated ``attention="causal"`` keeps its old
+figures without keying the engine's caches (figures computed at 0f19d87, before it left the
+caches: tests/golden)."""
 
 import json
 import re

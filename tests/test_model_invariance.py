@@ -216,7 +216,7 @@ def test_compiled_padded_training_steps(name, train):
 @compiled_only
 def test_compiled_training_step_gpt2():
     """GPT-2 compiled, trained two steps in train() (dropout: the math decomposition, whose
-    causal mask the pricing run follows on fake tensors): every figure equals eager's, the
+    causal mask the fake run follows on fake tensors): every figure equals eager's, the
     masked pairs counted at each run."""
     model, kwargs = build("gpt2"), inputs("gpt2")
     eager = two_steps(model, model, kwargs, True)

@@ -1,7 +1,6 @@
 """Optimizer steps counted once, then replayed (engine.counting.step_replay): every figure a
-replayed
-step gives equals what counting it in full gives, and the steps a replay could get wrong are
-counted in full."""
+replayed step gives equals what counting it in full gives, and the steps a replay could get
+wrong are counted in full."""
 
 from __future__ import annotations
 

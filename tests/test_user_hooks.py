@@ -1,6 +1,5 @@
 """The tracker's slot for other rooms' module hooks (``engine.counting.tracker.UserHooks``, reached
-as
-``FlopCounter.user_hooks``): a pre-hook runs before the tracker notes a call, a post-hook
+as ``FlopCounter.user_hooks``): a pre-hook runs before the tracker notes a call, a post-hook
 after it notes the call's end; a handle takes them off; the counter leaves no hook behind."""
 
 import torch

@@ -126,10 +126,6 @@ def _no_op(*args) -> None:
     return None
 
 
-def _no_kernel(name, key) -> bool:
-    return False
-
-
 def _cuda_stream_fallback(device):
     return torch.cuda.current_stream(device).cuda_stream
 

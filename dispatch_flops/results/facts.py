@@ -37,8 +37,7 @@ class ModuleFacts:
     graph_runs: dict = field(default_factory=dict)
     in_graphs: tuple = ()
     # kernel timing (engine.timing.kineto): ns the device sat idle inside each module's forward
-    # calls
-    # (their kernels' span minus the union of their kernels: the device waiting on the host,
+    # calls (their kernels' span minus the union of their kernels: the device waiting on the host,
     # charged to no op), by name, on the blocks that recorded kernels
     idle: dict = field(default_factory=dict)
 

@@ -1,7 +1,6 @@
 """A Profile's rows: one per (module stack, phase, op overload, category, dtype), with its
 counts. The engine makes them (``engine.counting.records.Captured.rows``); ``schema`` reads them
-from
-files; every view in ``aggregate`` sums them.
+from files; every view in ``aggregate`` sums them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What may enter a Profile, and the one check of it.
 
 Counts reach a Profile from three places: a formula's ``Cost``
-(``engine.counting.records.unit_of``),
-a file (``Profile.from_json`` / ``from_dict``) and another rank (``distributed.gather``, whose
-payloads are read as files are). Each meets the bounds here; docs/limits.md says what is
-trusted and what is checked, and why these bounds.
+(``engine.counting.records.unit_of``), a file (``Profile.from_json`` / ``from_dict``) and another
+rank (``distributed.gather``, whose payloads are read as files are). Each meets the bounds here;
+docs/limits.md says what is trusted and what is checked, and why these bounds.
 
 * a count (calls, flops, MACs, bytes, parameters, runs) is an ``int``, never a bool or a
   float, with ``0 <= n < COUNT_LIMIT``;

@@ -57,7 +57,7 @@ METRICS = ("model_flops", "hardware_flops", "tokens_per_s", "step_s", "mfu_all_o
            "hfu_all_ops", "peak_flop_s")
 # the readings' old names: deprecated aliases (a DeprecationWarning names the new one)
 RENAMED = {"mfu": "mfu_all_ops", "hfu": "hfu_all_ops"}
-_PRICES_KEPT = 256  # input signatures whose flops are kept (the least recently used go)
+_STEP_FLOPS_KEPT = 256  # input signatures whose flops are kept (the least recently used go)
 _HISTORY_KEPT = 4096  # timed steps kept in ``history`` (the totals count every one)
 # frames of these packages are skipped to point a warning at the user's own call
 _LIBRARIES = ("dispatch_flops", "transformers", "lightning", "pytorch_lightning", "torch",
@@ -205,7 +205,6 @@ class StepTiming(_Rates):
     peak_flop_s: Optional[float]
 
 
-
 @dataclass(frozen=True)
 class ThroughputReading(_Rates):
     """Timed steps summed up: means per step (``step_s``, ``model_flops``,
@@ -230,7 +229,6 @@ class ThroughputReading(_Rates):
     counted_steps: int
     unpriced_steps: int
 
-
     def metrics(self) -> dict[str, float]:
         """What a callback logs: ``model_flops``, ``hardware_flops``, ``tokens_per_s``,
         ``step_s`` and, with a peak, ``mfu_all_ops``, ``hfu_all_ops`` and ``peak_flop_s``
@@ -250,7 +248,7 @@ class ThroughputReading(_Rates):
 
 
 @dataclass(frozen=True)
-class _Price:
+class _StepFlops:
     model_flops: int
     hardware_flops: int
 
@@ -314,7 +312,7 @@ class ThroughputMeter:
         self.history: deque[StepTiming] = deque(maxlen=_HISTORY_KEPT)
         self.peak_flop_s: Optional[float] = None
         self.peak: Optional[str] = None  # the peak in words, once known
-        self._prices: OrderedDict[Any, _Price] = OrderedDict()
+        self._step_flops: OrderedDict[Any, _StepFlops] = OrderedDict()
         self._firsts: set = set()  # the first batch of every priced signature
         self._index = 0  # the next step's number
         self._open: Optional[dict] = None  # the running step
@@ -467,7 +465,7 @@ class ThroughputMeter:
             counter.__exit__(None, None, None)
             step["profiles"].append(counter.to_profile())
         if step["counted"]:
-            self._priced(signature, *step["profiles"])
+            self._counted_step(signature, *step["profiles"])
             return None
         if stop is not None:
             step["segments"].append((step["start"], stop))
@@ -475,13 +473,13 @@ class ThroughputMeter:
         if not segments:
             return None
         stop = segments[-1][1]
-        price = self._prices.get(signature)
+        price = self._step_flops.get(signature)
         if price is None:
             self._recount = True
             self._total.unpriced += 1
             self._since.unpriced += 1
             return None
-        self._prices.move_to_end(signature)
+        self._step_flops.move_to_end(signature)
         pending = (step["index"], segments, stop, tokens, price)
         if isinstance(stop, float):
             return self._add(pending)
@@ -504,16 +502,16 @@ class ThroughputMeter:
                 pass
 
     # -- what was counted ------------------------------------------------------------------
-    def _priced(self, signature: Any, profile: Profile, *more: Profile) -> None:
+    def _counted_step(self, signature: Any, profile: Profile, *more: Profile) -> None:
         """A counted step: ``profile`` (and ``more``, its parts after each ``pause``)."""
         parts = (profile,) + more
         self.profile = profile if not more else Profile.merge(parts)
-        self._prices[signature] = _Price(sum(map(step_model_flops, parts)),
+        self._step_flops[signature] = _StepFlops(sum(map(step_model_flops, parts)),
                                          sum(map(step_hardware_flops, parts)))
-        self._prices.move_to_end(signature)
-        while len(self._prices) > _PRICES_KEPT:
-            self._prices.popitem(last=False)
-        self._firsts = {key[0] for key in self._prices if key}
+        self._step_flops.move_to_end(signature)
+        while len(self._step_flops) > _STEP_FLOPS_KEPT:
+            self._step_flops.popitem(last=False)
+        self._firsts = {key[0] for key in self._step_flops if key}
         self._total.counted += 1
         self._since.counted += 1
         if not self._peak_resolved:

@@ -1,9 +1,8 @@
 """Which counters are counting now, and which compiled graph is being priced: one registry each.
 
 Compiled graphs (``engine.graphs.compiled``) and CUDA graphs (``engine.graphs.cuda_graphs``) act
-only while a
-counter counts, and only for the counters counting on the thread that runs them. Every counter
-is entered here once (``enter``) and left once (``leave``); the parts that follow counters
+only while a counter counts, and only for the counters counting on the thread that runs them. Every
+counter is entered here once (``enter``) and left once (``leave``); the parts that follow counters
 register what they do when the first one enters and the last one leaves (``when_first``,
 ``when_leaving``, ``when_last``), and ask ``counting_here()``:
 
@@ -11,9 +10,9 @@ register what they do when the first one enters and the last one leaves (``when_
 >>> active.counting_here()           # [(mode, tracker)] of this thread's counters
 >>> active.leave(mode)               # FlopCounter.__exit__
 
-``PRICING`` is the stack of compiled graphs being priced now (innermost last): what the
+``FAKE_RUNS`` is the stack of compiled graphs being priced now (innermost last): what the
 FlexAttention rules (``engine.masks.flex``) and the mask tallies (``engine.masks``)
-read of the graph whose fake inputs they meet; the graph's pricing run pushes and pops it.
+read of the graph whose fake inputs they meet; the graph's fake run pushes and pops it.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ _FIRST: list[Callable[[], None]] = []  # run when a counter enters with none cou
 _LEAVING: list[Callable[[object], None]] = []  # run with the mode of each counter leaving
 _LAST: list[Callable[[], None]] = []  # run when the last counter has left
 
-PRICING: list = []  # the compiled graphs being priced now (``flex.Pricing``), innermost last
+FAKE_RUNS: list = []  # the compiled graphs being priced now (``flex.FakeRun``), innermost last
 
 
 def when_first(fn: Callable[[], None]) -> None:

@@ -1,10 +1,9 @@
 """How one call's arguments are keyed, shown to its formula, and weighed in bytes.
 
-The hot path (``CountingMode.__torch_dispatch__``) inlines the common case of ``key_of``; a
-record's ``Signature`` is worked out here once (``work_out``). A tensor the hot path cannot
-key (sparse, nested, symbolically sized) raises ``EXOTIC``: the slow path
-(``engine.counting.exotic``)
-takes the call.
+The hot path (``CountingMode.__torch_dispatch__``) inlines the common case of ``key_of``; a record's
+``Signature`` is worked out here once (``work_out``). A tensor the hot path cannot key (sparse,
+nested, symbolically sized) raises ``EXOTIC``: the slow path (``engine.counting.exotic``) takes the
+call.
 """
 
 from __future__ import annotations
@@ -320,7 +319,6 @@ def work_out(resolved, args, kwargs, out) -> Signature:
     if resolved.decompose is not None:
         resolved.decompose(signature, args, kwargs)
     return signature
-
 
 
 # -- the slow path: tensors the hot path cannot key ------------------------------------------

@@ -163,7 +163,6 @@ def _exotic_call(resolved, key: int, args, kwargs, out) -> tuple:
     return sig, Signature(call, read, written, resolved.dtype or compute_dtype(args))
 
 
-
 def exotic_record(mode, key: int, resolved, acc: dict, args, kwargs, out) -> list:
     """The record of a call the hot path cannot key (see ``_exotic_call``), made in ``acc``
     and kept in ``mode``'s book; a call no formula can price goes to the op's unsupported

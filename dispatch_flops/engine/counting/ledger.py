@@ -68,7 +68,7 @@ class Frame:
     """One running stack of modules, root first, with the ops counted under it.
 
     ``acc[i]`` is phase ``PHASES[i]``'s accumulator: op key (an overload's id, or a
-    signature) -> op record (see ``_records``); the dispatch mode writes them."""
+    signature) -> op record (see ``records``); the dispatch mode writes them."""
 
     __slots__ = ("name", "dotted", "parent", "stack", "children", "calls", "acc", "span")
 

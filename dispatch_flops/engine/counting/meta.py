@@ -66,7 +66,7 @@ def _build(spec):
 
 
 class MetaRunner:
-    """Runs ops for the dispatch mode (the ``run``/``add`` interface of ``_timing.Timer``),
+    """Runs ops for the dispatch mode (the ``run``/``add`` interface of ``clock.Timer``),
     memoising functional ops on meta tensors by signature."""
 
     def __init__(self) -> None:

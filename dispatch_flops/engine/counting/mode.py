@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import PRICING as _PRICING
+from dispatch_flops.engine.counting.active import FAKE_RUNS as _PRICING
 from dispatch_flops.engine.counting.calls import (
     EXOTIC,
     FLOAT,
@@ -125,9 +125,9 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
 
 class CountingMode(TorchDispatchMode):
     """Counts every op into the accumulators of the tracker's frames: ``frame.acc[phase]
-    [id(overload) or signature]`` is an op record (see ``_records``). ``tracker`` keeps
+    [id(overload) or signature]`` is an op record (see ``records``). ``tracker`` keeps
     ``forward_acc`` pointed at the running frame's accumulator for ops with no autograd node
-    (forward, optimizer, recompute); see ``_tracker.phase_of``.
+    (forward, optimizer, recompute); see ``ledger.phase_of``.
 
     Dicts on the hot path are keyed by ``id(func)``: ``OpOverload.__hash__`` is a Python-level
     call, and overloads are long-lived singletons (``resolved[id].func`` keeps each alive)."""
@@ -163,7 +163,7 @@ class CountingMode(TorchDispatchMode):
         # the runners put around the mode's own, innermost first (``wrap_runner``)
         self._wrappers: list = []
         # what counting changes (the counter's, handed over by ``bind``; a mode of its own
-        # until then: a composite's pricing run counts into it)
+        # until then: a composite's fake run counts into it)
         self.state = CountingState()
         self._boundary_seqs: list = self.state.boundary_seqs
         self._boundary_frames: list = self.state.boundary_frames
@@ -399,7 +399,7 @@ class CountingMode(TorchDispatchMode):
 
         inner = CountingMode(self.registry)
         try:
-            # every other mode off: this pricing run's ops are not the user's (a counter below
+            # every other mode off: this fake run's ops are not the user's (a counter below
             # this one would count them)
             with _disable_current_modes():
                 fake_args = [to_fake(a) for a in args]
@@ -428,7 +428,7 @@ class CountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
-        # case) and keep only ints. Records are [calls, ns, signature] (see _records): calls
+        # case) and keep only ints. Records are [calls, ns, signature] (see records): calls
         # and times counted here, flops and bytes by the signature when it is read.
         if types:  # plain tensors: types == ()
             unwrapping = _unwrapping(types)
@@ -549,8 +549,6 @@ class CountingMode(TorchDispatchMode):
         else:  # the runner counts the call and its time (NS), under a lock where it needs one
             runner.add(rec, 1, elapsed)
         return out
-
-
 
 
 def _decomposable(func, entry) -> bool:

@@ -8,7 +8,7 @@ The dispatch mode counts each op call into an *op record*, a list it indexes on 
                     (no arithmetic, no bytes)
 
 An op's flops and bytes are a function of its signature (the op, its arguments' shapes,
-dtypes and strides; sparse and symbolic tensors by what they store, see ``_mode``), so a
+dtypes and strides; sparse and symbolic tensors by what they store, see ``mode``), so a
 signature is worked out once (``Signature``) and priced once (``Signature.unit``), and a
 record only counts calls. ``Captured`` copies a ledger's counts when a counter ends and turns
 them into Profile rows when read: one row per (module stack, phase, overload), counts in
@@ -46,7 +46,6 @@ _ROW_MASKED_FLOPS, _ROW_MASKED_MACS = ROW.index("masked_flops"), ROW.index("mask
 
 _calls = itemgetter(CALLS)
 _ns = itemgetter(NS)
-
 
 
 class PricingError(Exception):
@@ -89,7 +88,7 @@ class Signature:
         unit = self._unit
         if unit is None:
             try:
-                unit = priced(resolved, self.call, self.bytes_read, self.bytes_written)
+                unit = unit_for(resolved, self.call, self.bytes_read, self.bytes_written)
             except Exception as e:  # a user's formula may raise anything
                 unit = e if isinstance(e, PricingError) else PricingError(
                     f"{resolved.func} with {_shapes_of(self.call)}: the formula raised "
@@ -134,7 +133,7 @@ def bytes_only(signature: "Signature") -> tuple:
     return tuple(values.get(name, 0) for name in PRICED)
 
 
-def priced(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
+def unit_for(resolved, call, bytes_read: int, bytes_written: int) -> tuple:
     """One call's ``PRICED`` counts: the formula's flops and MACs (zero without a formula),
     the bytes moved: the engine's figures unless the formula's ``Cost`` gives its own (an
     op that touches part of a tensor). ``PricingError`` when the formula returns what is not

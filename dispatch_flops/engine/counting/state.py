@@ -27,7 +27,7 @@ part                                   written by                      through
 
 ``WRITERS`` says the same as data: the engine files that may write each part (assign it, or
 change the list or dict it holds), which ``tests/test_layout.py`` holds the package to.
-``save``/``restore`` put every part a compiled graph's pricing run changes back as it was.
+``save``/``restore`` put every part a compiled graph's fake run changes back as it was.
 The dispatch mode aliases the lists (``records``, the boundaries) when it binds, and loads
 the state once per op: its hot path pays one attribute load per part it reads.
 """
@@ -105,7 +105,7 @@ class CountingState:
 
     # -- compiled graphs --------------------------------------------------------------------
     def save(self) -> tuple:
-        """What a compiled graph's pricing run changes (``restore`` puts it back)."""
+        """What a compiled graph's fake run changes (``restore`` puts it back)."""
         return (self.forward_acc, len(self.boundary_seqs), self.last, self.recomputing)
 
     def restore(self, saved: tuple) -> None:
@@ -115,7 +115,7 @@ class CountingState:
         del self.boundary_frames[n:]
 
     def aim(self, acc: dict) -> None:
-        """Ops with no autograd node go to ``acc`` (a compiled graph's pricing run, between
+        """Ops with no autograd node go to ``acc`` (a compiled graph's fake run, between
         its forward and its backward: back to the running frame's)."""
         self.forward_acc = acc
 
@@ -137,7 +137,7 @@ class CountingState:
         self.last = NO_NODE
 
     def unbound(self) -> None:
-        """The mode counts with no tracker (a composite's pricing run, a closed counter):
+        """The mode counts with no tracker (a composite's fake run, a closed counter):
         no recomputation or optimizer step can be on."""
         self.recomputing = self.stepping = False
 

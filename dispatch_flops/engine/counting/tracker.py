@@ -79,7 +79,6 @@ GLOBAL_HOOK_DICTS = tuple("torch.nn.modules.module._global_forward" + name for n
 _get_ident = threading.get_ident
 
 
-
 # what a context manager runs to enter its block; contextlib's own frames (ExitStack,
 # ContextDecorator) stand between a block and its ``with`` statement
 _ENTERING = frozenset(("__enter__", "__aenter__"))
@@ -157,8 +156,6 @@ def walk_modules(model: nn.Module) -> tuple[dict[int, str], list[nn.Module], tup
     return name_of, modules, tuple(names)
 
 
-
-
 class UserHooks:
     """Module forward hooks another room runs around the tracker's own, as torch's
     ``ModTracker.register_user_hooks`` gives: a pre-hook ``(module, args)`` runs before the
@@ -213,9 +210,8 @@ class ModuleTracker(OptimizerSteps):
     ``root`` (the root's frame), ``ledger``, ``state``, ``root_calls``, ``every_module``,
     ``model``, ``mode``, ``timer``, ``thread``, ``shared``, ``graph_runs`` and
     ``graph_calls``. The module facts of a result are read from it by
-    ``engine.model.module_facts``; saved activations are counted by ``engine.model.saved``. Other
-    rooms'
-    module hooks run around its own through ``user_hooks`` (``UserHooks``).
+    ``engine.model.module_facts``; saved activations are counted by ``engine.model.saved``.
+    Other rooms' module hooks run around its own through ``user_hooks`` (``UserHooks``).
     """
 
     def __init__(self, model: Optional[nn.Module], mode: CountingModeLike, state: CountingState,
@@ -280,7 +276,7 @@ class ModuleTracker(OptimizerSteps):
 
     def resume(self, frame: Frame, forward_acc: dict) -> None:
         """Make ``frame`` the running one again, ops with no autograd node going to
-        ``forward_acc``, with no boundary noted: a compiled graph's pricing run, between its
+        ``forward_acc``, with no boundary noted: a compiled graph's fake run, between its
         forward and its backward and when it ends (``engine.graphs.compiled``)."""
         self.current = frame
         self.state.aim(forward_acc)

@@ -68,13 +68,13 @@ _ns = itemgetter(NS)
 _COUNTING = active.COUNTING  # graphs look here on every run (engine.counting.active)
 
 
-class _Priced:
+class _GraphCounts:
     """A graph's counts in one ledger: ``(record, calls)`` pairs of its forward and of its
     backward, and the frames whose module calls it makes. Kept by the graph for as long as
-    the ledger lives (``Graph.priced``): it holds no reference to the ledger itself.
+    the ledger lives (``Graph.counted``): it holds no reference to the ledger itself.
 
     Each run adds them: the pairs are kept apart as tuples too (``_Adds``), so that a run adds
-    them in C loops, with nothing priced, looked up or allocated per record."""
+    them in C loops, with nothing counted, looked up or allocated per record."""
 
     __slots__ = ("forward", "backward", "calls", "tallies", "adds", "backward_adds",
                  "forward_tallies", "backward_tallies")
@@ -133,8 +133,8 @@ def _shape_env():
     return ShapeEnv()
 
 
-# a graph's price where pricing failed: its runs are counted as eager
-_EAGER = _Priced([], [], [])
+# a graph whose fake run failed: its runs are counted as eager
+_EAGER = _GraphCounts([], [], [])
 
 
 class Graph:
@@ -155,17 +155,17 @@ class Graph:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.owners = [(i, _innermost(n)) for i, n in enumerate(placeholders)
                        if isinstance(n.meta.get("example_value"), torch.nn.Parameter)]
-        # ledger -> {(forward acc, shapes, instance): _Priced}: a ledger's prices go with it
+        # ledger -> {(forward acc, shapes, instance): _GraphCounts}: a ledger's counts go with it
         # (a model deleted, a ledger replaced), however many shapes dynamic ones met
-        self.priced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.counted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.runs = 0  # runs counted, over every counter (tests read it)
 
     def __call__(self, *args, **kwargs):
         if not _COUNTING:
             return self.compiled(*args, **kwargs)
-        return self._counted(args, kwargs)
+        return self._run_counted(args, kwargs)
 
-    def _counted(self, args, kwargs):
+    def _run_counted(self, args, kwargs):
         mine = active.counting_here()
         if not mine:
             return self.compiled(*args, **kwargs)
@@ -176,32 +176,32 @@ class Graph:
         runs = []
         for mode, tracker in mine:
             ledger = tracker.ledger
-            prices = self.priced.get(ledger)
-            if prices is None:
-                prices = self.priced[ledger] = {}
+            counted_here = self.counted.get(ledger)
+            if counted_here is None:
+                counted_here = self.counted[ledger] = {}
             # an accumulator lives as long as its ledger
             key = (id(tracker.state.forward_acc), shapes, instance)
-            priced = prices.get(key)
-            if priced is None:
-                priced = prices[key] = self._price_or_eager(mode, tracker, args, kwargs)
-            if priced is _EAGER:  # counted as eager: the traced graph run under the modes
+            counted = counted_here.get(key)
+            if counted is None:
+                counted = counted_here[key] = self._count_or_eager(mode, tracker, args, kwargs)
+            if counted is _EAGER:  # counted as eager: the traced graph run under the modes
                 return self.gm(*args, **kwargs)
-            runs.append((mode, tracker, priced))
+            runs.append((mode, tracker, counted))
         # a signature priced already: its counts added whole, nothing priced or looked up
         timed = []
-        for _mode, tracker, priced in runs:
-            priced.adds.add()
+        for _mode, tracker, counted in runs:
+            counted.adds.add()
             tracker.graph_calls += 1  # an optimizer step that runs one is not replayed
-            for tally in priced.forward_tallies:
+            for tally in counted.forward_tallies:
                 tally(args)
             graphs = tracker.graph_runs
             if graphs is None:
                 graphs = tracker.graph_runs = GraphRuns()
-            if id(priced) not in graphs.ran:  # this counter's first run of it
-                graphs.ran[id(priced)] = priced
+            if id(counted) not in graphs.ran:  # this counter's first run of it
+                graphs.ran[id(counted)] = counted
                 # the modules it runs ran there, for this counter too (pricing told the one
                 # that priced it): their gradients' accumulation goes under them, as eager's
-                for frame, _ in priced.calls:
+                for frame, _ in counted.calls:
                     tracker.note_module_frame(frame.name, frame)
             if tracker.timer is not None:
                 timed.append((tracker.timer, graphs.times_here(tracker.current), tracker))
@@ -221,17 +221,17 @@ class Graph:
         self.runs += 1
         if last > first:  # nodes made: their backward is counted once, when it first runs
             nodes = nodes_made(out, first, last)
-            adds = [(mode, tracker, priced.backward_adds, priced.backward_tallies, args)
-                    for mode, tracker, priced in runs if priced.backward_adds is not None]
+            adds = [(mode, tracker, counted.backward_adds, counted.backward_tallies, args)
+                    for mode, tracker, counted in runs if counted.backward_adds is not None]
             if not run_backward_without(nodes, modes, timed, adds) and adds:
                 add_on_backward(nodes, adds)  # no aot_autograd node to add them: a hook
-            for _mode, tracker, _priced in runs:
+            for _mode, tracker, _counted in runs:
                 sink_backward(tracker, first, last)
         return out
 
-    def _price_or_eager(self, mode, tracker, args, kwargs) -> _Priced:
+    def _count_or_eager(self, mode, tracker, args, kwargs) -> _GraphCounts:
         try:
-            return self._price(mode, tracker, args, kwargs)
+            return self._count_on_fake(mode, tracker, args, kwargs)
         except Exception as e:  # what fake tensors cannot run: eager can
             warnings.warn(
                 f"dispatch_flops: a compiled graph could not be priced on fake tensors "
@@ -252,7 +252,7 @@ class Graph:
                     renames[then] = now
         return renames
 
-    def _price(self, mode, tracker, args, kwargs) -> _Priced:
+    def _count_on_fake(self, mode, tracker, args, kwargs) -> _GraphCounts:
         """Run the graph on fake copies of ``args`` under ``mode`` alone, each node in the
         frame of its module stack, then its backward: the records it counted into, and how
         many calls (taken out again)."""
@@ -277,9 +277,9 @@ class Graph:
             fake = [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, Tensor)
                     else a for a in args]
         frames = _FrameMap(tracker, running, self._renames(tracker, args))
-        pricing = flex.Pricing({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
+        fake_run = flex.FakeRun({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
-        active.PRICING.append(pricing)
+        active.FAKE_RUNS.append(fake_run)
         try:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else contextlib.nullcontext():
@@ -291,21 +291,21 @@ class Graph:
                                if isinstance(o, Tensor) and o.requires_grad])
                 inputs = [a for a in fake if isinstance(a, Tensor) and a.requires_grad]
                 if outs and inputs:
-                    pricing.backward = True
+                    fake_run.backward = True
                     with _disable_current_modes():
                         # as a loss reduced outside the graph hands it: one value, expanded
                         grads = [torch.ones((), dtype=o.dtype, device=o.device).expand(o.shape)
                                  for o in outs]
                     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
                 found[1] = _tallied(records, found[0])
-        except BaseException:  # the pricing run counts nothing itself, failed or not
+        except BaseException:  # the fake run counts nothing itself, failed or not
             for i, rec in enumerate(records):
                 rec[CALLS] = before[0][i] if i < len(before[0]) else 0
                 rec[NS] = before[1][i] if i < len(before[1]) else 0
             raise
         finally:
             _restore_tallies(records, held)
-            active.PRICING.remove(pricing)
+            active.FAKE_RUNS.remove(fake_run)
             tracker.state.restore(saved)
             tracker.resume(running, saved[0])
         after = list(map(_calls, records))
@@ -329,11 +329,11 @@ class Graph:
                 forward.append((rec, mid - was))
             if id(rec) not in fake_only and after[i] > mid:
                 backward.append((rec, after[i] - mid))
-            rec[CALLS] = was  # the pricing run counts nothing itself
+            rec[CALLS] = was  # the fake run counts nothing itself
             rec[NS] = ns0[i] if i < len(ns0) else 0
-        tallies = pricing.tallies + [_ShapeMasks(list(f.values()), bool(i))
+        tallies = fake_run.tallies + [_ShapeMasks(list(f.values()), bool(i))
                                      for i, f in enumerate(found) if f]
-        return _Priced(forward, backward, list(frames.calls.items()), tallies)
+        return _GraphCounts(forward, backward, list(frames.calls.items()), tallies)
 
 
 def _symbolic(value) -> bool:
@@ -345,7 +345,7 @@ def _symbolic(value) -> bool:
 
 
 class _ShapeMasks:
-    """The masked pairs a pricing run found in masks its fake tensors built from shapes
+    """The masked pairs a fake run found in masks its fake tensors built from shapes
     (SDPA's math decomposition's causal mask, transformers' causal and sliding-window
     masks: engine.masks follows them on fake tensors as on meta), added again at every run
     of the graph, forward or backward, as flex's ``RunTally`` adds a BlockMask's."""
@@ -363,7 +363,7 @@ class _ShapeMasks:
 
 def _hold_tallies(records) -> list:
     """Set the records' masked pairs aside (``_restore_tallies`` puts them back): what a
-    pricing run finds is then its own, read as ints without reading a device's counts."""
+    fake run finds is then its own, read as ints without reading a device's counts."""
     held = []
     for rec in records:
         if len(rec) > TALLY:
@@ -392,7 +392,7 @@ def _tallied(records, before: Optional[dict] = None) -> dict:
 def _restore_tallies(records, held: list) -> None:
     for rec in records:
         if len(rec) > TALLY:
-            rec[TALLY].reset()  # a tally the pricing run made starts at zero
+            rec[TALLY].reset()  # a tally the fake run made starts at zero
     for tally, masked, skipped in held:
         tally.masked, tally.skipped = masked, skipped
 
@@ -421,14 +421,14 @@ def _sinks(outs: list) -> list:
 
 class GraphRuns:
     """What the compiled graphs run under one counter did, kept by its tracker
-    (``ModuleTracker.graph_runs``): ``ran``, the pricing of each graph it ran, by id (the
-    module calls they make: see ``_Priced``), and ``times``, each module stack's
+    (``ModuleTracker.graph_runs``): ``ran``, the counts of each graph it ran, by id (the
+    module calls they make: see ``_GraphCounts``), and ``times``, each module stack's
     ``[runs, forward ns, backward ns]`` of the graphs run from it (timing on)."""
 
     __slots__ = ("ran", "times")
 
     def __init__(self) -> None:
-        self.ran: dict[int, _Priced] = {}
+        self.ran: dict[int, _GraphCounts] = {}
         self.times: dict[tuple, list[int]] = {}
 
     def times_here(self, frame: Frame) -> list[int]:
@@ -446,7 +446,7 @@ def graph_facts(tracker: ModuleTracker) -> tuple[dict[tuple, tuple], tuple[str, 
     runs = tracker.graph_runs
     if runs is None:  # no graph ran (every counter reads this on exit)
         return {}, ()
-    names = {frame.name for priced in runs.ran.values() for frame, _ in priced.calls}
+    names = {frame.name for counted in runs.ran.values() for frame, _ in counted.calls}
     return ({stack: tuple(t) for stack, t in runs.times.items()},
             tuple(n for n in facts.names(tracker) if n in names))
 

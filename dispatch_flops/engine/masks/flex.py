@@ -32,7 +32,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import PRICING  # the compiled graphs priced now
+from dispatch_flops.engine.counting.active import FAKE_RUNS  # the compiled graphs priced now
 from dispatch_flops.engine.counting.records import CALLS, Signature
 from dispatch_flops.engine.masks.tally import TALLY, Tally, give_tally, has_values, rates
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
@@ -106,8 +106,8 @@ def count(mode, resolution: HopResolution, q: Tensor, k: Tensor, v: Tensor, outs
         mode.book(rec)
     rec[CALLS] += 1
     if not has_values(q):  # fake or meta: no values to read (engine.graphs.compiled counts runs)
-        if PRICING:
-            PRICING[-1].note(rec, resolution.backward, (q.shape, k.shape, v.shape),
+        if FAKE_RUNS:
+            FAKE_RUNS[-1].note(rec, resolution.backward, (q.shape, k.shape, v.shape),
                              block_mask, buffers)
         return
     with _disable_current_modes(), torch.no_grad():
@@ -117,7 +117,7 @@ def count(mode, resolution: HopResolution, q: Tensor, k: Tensor, v: Tensor, outs
         tally_into(rec, q.shape, k.shape, v.shape, resolution.backward, total - useful)
 
 
-class Pricing:
+class FakeRun:
     """A compiled graph being priced on fake tensors (``engine.graphs.compiled``): which of its
     inputs each fake tensor stands for, whether its backend runs flex block-sparse (inductor)
     or densely (eager, aot_eager: the operator's math), and the flex calls met."""
@@ -126,7 +126,7 @@ class Pricing:
         self.inputs = inputs  # id(fake input) -> its position among the graph's inputs
         self.block_sparse = block_sparse
         self.tallies: list = []  # RunTally, and attention.shadows' per-run tallies
-        self.backward = False  # the pricing run is in the graph's backward
+        self.backward = False  # the fake run is in the graph's backward
 
     def note(self, rec, backward: bool, shapes: tuple, block_mask: tuple, buffers: tuple):
         """A flex call met while pricing: counted per run when its mask is made of the

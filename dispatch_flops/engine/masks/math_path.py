@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import PRICING
+from dispatch_flops.engine.counting.active import FAKE_RUNS
 from dispatch_flops.engine.masks.eager import EAGER
 from dispatch_flops.engine.masks.shadows import (
     MASKING,
@@ -144,9 +144,9 @@ def charge(rec, rate: tuple, masked, factor: int = 1) -> None:
     if found is None:
         found = give_tally(rec, Tally(*rate))
     if masked.__class__ is InputCount:  # known at each run of a compiled graph only
-        if PRICING:
-            pricing = PRICING[-1]
-            pricing.tallies.append(_RunCharge(found, masked, pricing.backward, factor))
+        if FAKE_RUNS:
+            fake_run = FAKE_RUNS[-1]
+            fake_run.tallies.append(_RunCharge(found, masked, fake_run.backward, factor))
         return
     found.add(masked)
 
@@ -158,7 +158,7 @@ def _traced(t) -> bool:
     # identity first (isinstance of a parameter is a Python __instancecheck__)
     cls = t.__class__
     if not (cls is Tensor or cls is _PARAMETER or isinstance(t, _PARAMETER) or
-            PRICING and isinstance(t, _FAKE)):
+            FAKE_RUNS and isinstance(t, _FAKE)):
         return False
     return t.layout is _STRIDED
 
@@ -232,7 +232,7 @@ def _softmax_tally(rec, args, kwargs, out, math: bool = False) -> None:
     if scores[1] != x.numel() or scores[2] != x.shape[-1] or not x.dtype.is_floating_point:
         return
     known = x if has_values(x) else MASKING.get(x)
-    if known is None and PRICING and (recipe := RECIPES.get(x)) is not None:
+    if known is None and FAKE_RUNS and (recipe := RECIPES.get(x)) is not None:
         per_run = InputCount(recipe)  # scores plus a mask made from the graph's inputs
         charge(scores[0], (2 * scores[3], scores[3]), per_run)
         if math:

@@ -4,7 +4,7 @@ The fused kernels (flash on the CPU, efficient, cuDNN, a backend's own) and the 
 point take the mask as ``attn_mask`` (or ``attn_bias``) and a causal flag: the tally of each
 reads them from the op's schema, counts the masked pairs the causal rule does not already
 remove (``tally.masked_in``), and takes a meta mask's CPU values (``shadows.SHADOWS``) or, in
-a compiled graph's pricing run, a mask made from the graph's inputs (``shadows.InputMasks``,
+a compiled graph's fake run, a mask made from the graph's inputs (``shadows.InputMasks``,
 counted at each run).
 """
 
@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from dispatch_flops.engine.counting.active import PRICING
+from dispatch_flops.engine.counting.active import FAKE_RUNS
 from dispatch_flops.engine.masks.shadows import RECIPES, SHADOWS, InputMasks
 from dispatch_flops.engine.masks.tally import (
     BELOW_AUTOGRAD,
@@ -59,7 +59,7 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
         if mask is not None and not has_values(mask):
             found_mask = mask
             mask = SHADOWS.get(mask)  # a meta mask built from shapes
-            if mask is None and PRICING:  # made from a compiled graph's inputs
+            if mask is None and FAKE_RUNS:  # made from a compiled graph's inputs
                 recipe = RECIPES.get(found_mask)
             unvalued = mask is None and recipe is None
         if mask is None and not unvalued and recipe is None:
@@ -81,7 +81,7 @@ def _sdpa_tally(op, backward: bool, layout: str = "bhsd") -> Callable:
             return
         causal = _read(args, kwargs, causal_at, False)
         if recipe is not None:  # counted at each run, from the run's inputs
-            PRICING[-1].tallies.append(InputMasks(found, recipe, total, qs[2], ks[-2],
+            FAKE_RUNS[-1].tallies.append(InputMasks(found, recipe, total, qs[2], ks[-2],
                                                        causal, backward))
             return
         with NO_DISPATCH(), BELOW_AUTOGRAD():

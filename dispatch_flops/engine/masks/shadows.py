@@ -4,7 +4,7 @@
 A meta tensor has no values, but a mask built from shapes alone has the values it would have
 on any device: the ops that build one are run again on the CPU (``shadow_tally_of`` in
 ``attention.op_tallies``: asked only for a call whose output is meta). In a compiled graph's
-pricing run a mask made from the graph's inputs (a padding ``attention_mask`` passed in) is
+fake run a mask made from the graph's inputs (a padding ``attention_mask`` passed in) is
 noted as the ops that make it (``Recipe``), and counted at each run from the run's real inputs
 (``InputMasks``, ``InputCount``).
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import PRICING
+from dispatch_flops.engine.counting.active import FAKE_RUNS
 from dispatch_flops.engine.masks.eager import EAGER
 from dispatch_flops.engine.masks.tally import (
     Tally,
@@ -84,31 +84,30 @@ _AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", 
                       "transpose", "permute", "slice", "select", "alias"))
 
 
-# while a compiled graph's pricing run is on (engine.graphs.compiled,
-# engine.counting.active.PRICING), its
-# fake tensors' masks built from shapes are followed as on meta (a composite priced whole on
-# fake tensors keeps the masked share of the kernel its decomposition runs,
-# docs/conventions.md: not followed there)
+# while a compiled graph's fake run is on (engine.graphs.compiled, active.FAKE_RUNS), its fake
+# tensors' masks built from shapes are followed as on meta (a composite priced whole on fake
+# tensors keeps the masked share of the kernel its decomposition runs, docs/conventions.md: not
+# followed there)
 
 
 def _valueless(t: Tensor) -> bool:
-    """Whether ``t`` is a meta tensor, or a fake one of a compiled graph's pricing run: no
+    """Whether ``t`` is a meta tensor, or a fake one of a compiled graph's fake run: no
     values, and masks built from shapes followed."""
-    return t.is_meta or bool(PRICING) and isinstance(t, _FAKE)
+    return t.is_meta or bool(FAKE_RUNS) and isinstance(t, _FAKE)
 
 
 def _on_cpu(v, found: list):
     """``v`` with each meta tensor replaced by its shadow; ``found[0]`` False if one has none
     (and the meta tensors without one collected in ``found[1]``). In a compiled graph's
-    pricing run, a fake tensor that is one of the graph's inputs, or made from them
+    fake run, a fake tensor that is one of the graph's inputs, or made from them
     (``RECIPES``), is replaced by its ``_Input`` or ``Recipe`` (``found[2]`` True)."""
     if isinstance(v, Tensor):
         if not _valueless(v):
             found[0] = found[0] and has_values(v) and v.device.type == "cpu"
             return v
         shadow = SHADOWS.get(v)
-        if shadow is None and PRICING:
-            at = PRICING[-1].inputs.get(id(v))
+        if shadow is None and FAKE_RUNS:
+            at = FAKE_RUNS[-1].inputs.get(id(v))
             made = _Input(at) if at is not None else RECIPES.get(v)
             if made is not None:
                 found[2] = True
@@ -135,7 +134,7 @@ def _shadow_tally(func, name: str) -> Callable:
         cpu_kwargs = {k: _on_cpu(v, found) for k, v in (kwargs or {}).items()}
         if "device" in (kwargs or {}) or not any(isinstance(a, Tensor) for a in args):
             cpu_kwargs["device"] = torch.device("cpu")  # a factory
-        if PRICING and (found[2] or name == "where"):
+        if FAKE_RUNS and (found[2] or name == "where"):
             if _recipe(func, name, args, cpu_args, cpu_kwargs, found, out):
                 return
         if not found[0]:
@@ -158,7 +157,7 @@ def _shadow_tally(func, name: str) -> Callable:
 # -- masks made from a compiled graph's inputs ------------------------------------------------
 # A padding ``attention_mask`` passed into a compiled model is one of the graph's inputs: its
 # fake tensor has no values while the graph is priced, and it changes from run to run. The
-# shadowed ops above, met in a pricing run with such an input (or what was made from one)
+# shadowed ops above, met in a fake run with such an input (or what was made from one)
 # among their arguments, are noted as a *recipe* instead (``RECIPES``): the op, its arguments
 # with each input as its position (``_Input``), masks built from shapes as their CPU values,
 # and a value nobody knows that a mask is added to or selected with (T5's position bias,
@@ -235,12 +234,12 @@ def _evaluated(v, inputs, device, memo):
     return v
 
 
-RECIPES = _Shadows()  # fake tensor of a pricing run -> its Recipe
+RECIPES = _Shadows()  # fake tensor of a fake run -> its Recipe
 _FINITE_OPS = ("where", "add", "sub")  # where a value nobody knows may meet a mask
 
 
 def _recipe(func, name: str, args, cpu_args, cpu_kwargs, found: list, out: Tensor) -> bool:
-    """Note ``out``'s recipe (a pricing run's op over the graph's inputs, or selecting a value
+    """Note ``out``'s recipe (a fake run's op over the graph's inputs, or selecting a value
     nobody knows with a mask built from shapes); whether one was noted."""
     unknown = found[1]
     if unknown:

@@ -158,12 +158,3 @@ class ExpertLoad:
                       self.load[name][2]) for name, _, _ in self.layers if name in self.load)
 
 
-def watch(names: tuple, modules) -> Optional[ExpertLoad]:
-    """An attached ``ExpertLoad`` for the MoE layers among ``modules``, None without any."""
-    layers = expert_layers(names, modules)
-    if not layers:
-        return None
-    load = ExpertLoad(layers)
-    load.attach()
-    return load
-

@@ -1,7 +1,7 @@
 """Latency: CUDA events for CUDA ops, ``time.perf_counter_ns`` for the rest.
 
 The dispatch mode asks its runner to run an op (``run``) and gets back the op's output and a
-token, then hands the token to ``add`` with the op record (see ``_records``): ``add`` counts the
+token, then hands the token to ``add`` with the op record (see ``records``): ``add`` counts the
 call and its time. ``Timer`` is the host clock alone, for processes without CUDA: the CPU hot
 path. ``CudaTimer`` decides per op: an op with any CUDA tensor, or a ``device=`` naming CUDA (a
 factory, a host-to-device copy), is a CUDA op on that device; any other op is timed by the host
@@ -90,7 +90,7 @@ class Timer:
     def add(self, counts: list, index: int, token) -> None:
         """Count a call into the op record ``counts`` and add its time (``run``'s token) to
         ``counts[index]``."""
-        counts[0] += 1  # CALLS (see _records)
+        counts[0] += 1  # CALLS (see records)
         counts[index] += token[1] - token[0]
 
     # -- module spans -----------------------------------------------------------------------
@@ -305,7 +305,7 @@ class CudaTimer(Timer):
 
     def add(self, counts: list, index: int, token) -> None:
         with _STATE.lock:  # device threads may count into one record at once
-            counts[0] += 1  # CALLS (see _records)
+            counts[0] += 1  # CALLS (see records)
             if token is None:
                 return
             if token.__class__ is tuple:

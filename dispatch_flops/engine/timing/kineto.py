@@ -130,7 +130,7 @@ class KernelTimer(Timer):
         return out, token
 
     def add(self, counts: list, index: int, token) -> None:
-        counts[0] += 1  # CALLS (see _records)
+        counts[0] += 1  # CALLS (see records)
         self._records[id(counts)] = (counts, index)
         if token is None:
             return

@@ -2,7 +2,7 @@
 call's start and end, not only their summed time.
 
 ``TracingTimer`` (``CudaTracingTimer``) is a ``Timer`` (``CudaTimer``) that also notes, for
-each op, the op record it was counted into (see ``_records``; the dispatch mode hands it to
+each op, the op record it was counted into (see ``records``; the dispatch mode hands it to
 ``add``) and, for each module call, the frame's span list. The dispatch mode and the hooks
 are the same as with plain timing; what an event means (op, module, phase, signature) is
 worked out only when the trace is read, by finding which frame and phase each noted list
@@ -26,7 +26,6 @@ from dispatch_flops.results.stats import FORWARD, PHASES, PRICED
 from dispatch_flops.results.timeline import BLOCK, MODULE, OP, TraceEvent
 
 TRACE_LIMIT = 200_000  # events kept per counter (op calls + module calls); later ones dropped
-
 
 
 class _Tracing(Timer):
