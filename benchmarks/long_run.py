@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.counting.mode import SIGNATURES_KEPT
+from dispatch_flops.engine.counting.calls import SIGNATURES_KEPT
 from dispatch_flops.engine.counting.records import engine_cache
 from dispatch_flops.formulas import REGISTRY
 

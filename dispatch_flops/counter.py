@@ -23,7 +23,12 @@ from dispatch_flops.engine.counting.ledger import LEDGERS_LOCK, Ledger, ledger_f
 from dispatch_flops.engine.counting.mode import CountingMode, GuardedCountingMode, exit_mode
 from dispatch_flops.engine.counting.records import Captured, engine_cache
 from dispatch_flops.engine.counting.state import CountingState
-from dispatch_flops.engine.counting.tracker import ModuleTracker, UserHooks, block_frame
+from dispatch_flops.engine.counting.tracker import (
+    ModuleTracker,
+    UserHooks,
+    block_frame,
+    unwrap_compiled,
+)
 from dispatch_flops.engine.graphs import compiled as _compiled
 from dispatch_flops.engine.graphs import cuda_graphs as _cuda_graphs
 from dispatch_flops.engine.graphs import dynamo as _dynamo
@@ -118,7 +123,7 @@ class FlopCounter(ProfileViews):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
         # torch.compile(model): count the user's module, under its own names (its graphs
         # count through engine.graphs)
-        model = _dynamo.unwrap(model)
+        model = unwrap_compiled(model) if model is not None else None
         self.model = model
         self.attention = attention
         self.registry = registry if registry is not None else REGISTRY

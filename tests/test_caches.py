@@ -11,8 +11,8 @@ from torch import nn
 from dispatch_flops import Cost, FlopCounter
 from dispatch_flops.engine.counting import mode as engine_mode
 from dispatch_flops.engine.counting import records
+from dispatch_flops.engine.counting.calls import SIGNATURES_KEPT
 from dispatch_flops.engine.counting.ledger import Ledger
-from dispatch_flops.engine.counting.mode import SIGNATURES_KEPT
 from dispatch_flops.engine.counting.records import engine_cache
 from dispatch_flops.formulas import REGISTRY, Registry
 

@@ -8,6 +8,7 @@ call.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
@@ -401,3 +402,25 @@ class Resolved:
                         total("bytes_written"), total("comm_bytes"))
         args, out_shape, kwargs = call
         return self.formula(*args, out_shape=out_shape, **kwargs)
+
+
+def remembered(shared: OrderedDict, key, make: Callable[[], Any]):
+    """``shared[key]``, made by ``make()`` when it is not there: a process's worked-out calls
+    (signatures, DTensor's logical calls), shared by every counter on a registry version, the
+    last ``SIGNATURES_KEPT`` used kept (a process meeting a new shape every step stays
+    bounded). Asked when a record is made, never per op; another thread's counter may drop
+    an entry meanwhile."""
+    entry = shared.get(key)
+    if entry is None:
+        entry = shared[key] = make()
+        if len(shared) > SIGNATURES_KEPT:
+            try:
+                shared.popitem(last=False)
+            except KeyError:  # another thread's counter emptied it meanwhile
+                pass
+    else:
+        try:
+            shared.move_to_end(key)
+        except KeyError:  # another thread's counter let it go meanwhile
+            pass
+    return entry

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dispatch_flops.engine.counting.calls import SIGNATURES_KEPT, work_out
+from dispatch_flops.engine.counting.calls import remembered, work_out
 from dispatch_flops.engine.counting.records import PricingError
 from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
@@ -133,7 +133,6 @@ class LogicalFigure:
         plain-tensor op at its shapes times ``factor``: worked out once per distinct call
         (shapes, dtypes and other arguments) in the process, on meta tensors, and priced when
         read (``logical_ops``)."""
-        from dispatch_flops.engine.torch_private import tree_map_only
         kwargs = kwargs or {}
         call = (id(func), _logical_key(args), _logical_key(kwargs.items()) if kwargs else ())
         key = (factor,) + call
@@ -141,28 +140,8 @@ class LogicalFigure:
         if rec is None:
             resolved = self.mode.resolved.get(id(func)) or self.mode.resolve(func)
             shared = self.mode.logical_signatures
-            worked = shared.get(call)  # every counter's: worked out once per process
-            if worked is None:
-                signature = None
-                numel = 0
-                try:
-                    with _disable_current_modes():  # not the user's: no mode below sees them
-                        meta_args, meta_kwargs = tree_map_only(
-                            Tensor,
-                            lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
-                            (args, kwargs))
-                        out = func(*meta_args, **meta_kwargs)
-                    signature = work_out(resolved, meta_args, meta_kwargs, out)
-                    outputs = _tensors(out)
-                    numel = outputs[0].numel() if outputs else 0
-                except Exception:  # an op meta tensors cannot run: its calls are still listed
-                    pass
-                worked = shared[call] = (signature, numel)
-                if len(shared) > SIGNATURES_KEPT:
-                    try:
-                        shared.popitem(last=False)
-                    except KeyError:  # another thread's counter emptied it meanwhile
-                        pass
+            # every counter's: worked out once per process
+            worked = remembered(shared, call, lambda: _on_meta(func, resolved, args, kwargs))
             shapes = tuple(t.shape for t in _tensors(args) + (
                 _tensors(kwargs.values()) if kwargs else []))
             rec = self.records[key] = [0, worked[0], resolved, shapes, factor, worked[1]]
@@ -203,6 +182,23 @@ class LogicalFigure:
             total = out.get(key, (0, 0, 0))
             out[key] = (total[0] + calls, total[1] + flops, total[2] + macs)
         return tuple(k + v for k, v in out.items())
+
+def _on_meta(func, resolved, args, kwargs) -> tuple:
+    """``(Signature or None, elements of the first output)`` of ``func`` run on meta copies
+    of ``args`` (an op meta tensors cannot run: its calls are still listed, unpriced)."""
+    from dispatch_flops.engine.torch_private import tree_map_only
+    try:
+        with _disable_current_modes():  # not the user's: no mode below sees them
+            meta_args, meta_kwargs = tree_map_only(
+                Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                (args, kwargs))
+            out = func(*meta_args, **meta_kwargs)
+        outputs = _tensors(out)
+        return work_out(resolved, meta_args, meta_kwargs, out), \
+            outputs[0].numel() if outputs else 0
+    except Exception:
+        return None, 0
+
 
 def outside_sharding_propagation(mode, func, types, args=(), kwargs=None):
     """``mode``'s ``__torch_dispatch__`` once it met a DTensor (see

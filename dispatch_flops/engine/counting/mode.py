@@ -25,7 +25,6 @@ from dispatch_flops.engine.counting.calls import (
     KEYWORDS,
     KWARGS,
     MOVEMENT_KIND,
-    SIGNATURES_KEPT,
     STRIDED,
     TOLD_APART,
     UNKNOWN,
@@ -33,6 +32,7 @@ from dispatch_flops.engine.counting.calls import (
     Keyword,
     Resolved,
     key_of,
+    remembered,
 )
 from dispatch_flops.engine.counting.calls import keyword_signature as _keyword_signature
 from dispatch_flops.engine.counting.calls import work_out as _work_out  # a test patches it here
@@ -44,7 +44,6 @@ from dispatch_flops.engine.counting.records import (
     CALLS,
     NS,
     SIGNATURE,
-    TALLY,
     Signature,
     engine_cache,
 )
@@ -53,6 +52,7 @@ from dispatch_flops.engine.counting.state import CountingState
 from dispatch_flops.engine.counting.tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from dispatch_flops.engine.counting.tracker import ModuleTracker
 from dispatch_flops.engine.masks import flex as _flex
+from dispatch_flops.engine.masks.tally import TALLY
 from dispatch_flops.engine.torch_private import NestedTensor as _Jagged
 from dispatch_flops.engine.torch_private import TorchDispatchMode
 from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
@@ -107,20 +107,7 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
     shapes across layers and steps, so a signature is worked out, and priced, once) when it
     is there. Pure data (shapes, ints), never a tensor. Called when a record is made, never
     per op: a record, once made, holds its signature."""
-    entry = shared.get(sig)
-    if entry is None:
-        entry = shared[sig] = _work_out(resolved, args, kwargs, out)
-        if len(shared) > SIGNATURES_KEPT:
-            try:
-                shared.popitem(last=False)
-            except KeyError:  # another thread's counter emptied it meanwhile
-                pass
-    else:
-        try:
-            shared.move_to_end(sig)
-        except KeyError:  # another thread's counter let it go meanwhile
-            pass
-    return entry
+    return remembered(shared, sig, lambda: _work_out(resolved, args, kwargs, out))
 
 
 class CountingMode(TorchDispatchMode):

@@ -28,7 +28,7 @@ from typing import Optional, Union
 
 from dispatch_flops.engine.counting.nested import PerSequence
 from dispatch_flops.engine.masks import tally as _tally
-from dispatch_flops.engine.masks.tally import read_all
+from dispatch_flops.engine.masks.tally import TALLY, read_all
 from dispatch_flops.formulas import ELEMENT_COSTS, Cost
 from dispatch_flops.formulas.attention import CAUSAL_DIAGONAL_FORMULAS
 from dispatch_flops.formulas.costs import CostTable
@@ -36,8 +36,9 @@ from dispatch_flops.results import validate
 from dispatch_flops.results.rows import ROW, RowKey
 from dispatch_flops.results.stats import PHASES, PRICED, UNSUPPORTED
 
+# an op record's slots; a fourth, masks.tally.TALLY, holds the masked pairs of an op that
+# reads a mask, when present
 CALLS, NS, SIGNATURE = range(3)
-TALLY = 3  # the masked pairs of an op that reads a mask (attention.tally.Tally), when present
 _FLOPS, _MACS = PRICED.index("flops"), PRICED.index("macs")
 _MASKED_FLOPS, _MASKED_MACS = PRICED.index("masked_flops"), PRICED.index("masked_macs")
 # where a tally's figures go in a row's counts (ROW: calls, then PRICED, then ns)

@@ -36,8 +36,9 @@ import torch
 from torch import Tensor
 
 from dispatch_flops.engine.counting.calls import FLOAT, TOLD_APART
-from dispatch_flops.engine.counting.records import CALLS, SIGNATURE, TALLY
+from dispatch_flops.engine.counting.records import CALLS, SIGNATURE
 from dispatch_flops.engine.counting.steps import OptimizerSteps
+from dispatch_flops.engine.masks.tally import TALLY
 from dispatch_flops.engine.torch_private import lookup
 
 ENABLED = True

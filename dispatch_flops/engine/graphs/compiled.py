@@ -42,7 +42,7 @@ from torch import Tensor
 
 from dispatch_flops.engine.counting import active
 from dispatch_flops.engine.counting.ledger import Frame
-from dispatch_flops.engine.counting.records import CALLS, NS, TALLY
+from dispatch_flops.engine.counting.records import CALLS, NS
 from dispatch_flops.engine.counting.tracker import ModuleTracker
 from dispatch_flops.engine.graphs.runs import (
     FORWARD_NS,
@@ -55,6 +55,7 @@ from dispatch_flops.engine.graphs.runs import (
     sink_backward,
 )
 from dispatch_flops.engine.masks import flex
+from dispatch_flops.engine.masks.tally import TALLY
 from dispatch_flops.engine.model import module_facts as facts
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
 from dispatch_flops.results.stats import ROOT

@@ -29,8 +29,6 @@ import threading
 import warnings
 from typing import Callable
 
-import torch
-
 from dispatch_flops.engine.counting import active
 from dispatch_flops.engine.counting.tracker import GLOBAL_HOOK_DICTS
 from dispatch_flops.engine.graphs.compiled import Graph
@@ -42,15 +40,6 @@ _LOCK = threading.RLock()  # _wrap_compiler may run inside a counter's import of
 
 def has_ignore_compile_internals() -> bool:
     return hasattr(TorchDispatchMode, "ignore_compile_internals")
-
-
-def unwrap(module):
-    """The user's module inside ``torch.compile(module)`` (an ``OptimizedModule``)."""
-    orig = getattr(module, "_orig_mod", None)
-    while orig is not None and type(module).__name__ == "OptimizedModule" and \
-            isinstance(orig, torch.nn.Module):
-        module, orig = orig, getattr(orig, "_orig_mod", None)
-    return module
 
 
 # -- installing ---------------------------------------------------------------------------
