@@ -17,12 +17,12 @@ model built from config, and the torch, DeepSpeed, fvcore, thop, ptflops and cal
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import os
 import re
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -287,7 +287,9 @@ SCENARIOS = [train_steps, llama_forward, checkpointed, masks, flex, compiled, co
 
 
 def main():
-    out = sys.argv[1]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the folder the outputs are written to (made if missing)")
+    out = parser.parse_args().out
     os.makedirs(out, exist_ok=True)
     for scenario in SCENARIOS:
         scenario(out)
