@@ -133,8 +133,8 @@ def _variants(model, step, names, compiled: bool = False):
                 NoSignatures.views = Views()
             self.resolved = NoSignatures.views
 
-        def _resolve(self, func):
-            resolved = super()._resolve(func)
+        def resolve(self, func):
+            resolved = super().resolve(func)
             resolved.view, resolved.tally, resolved.shadow = True, None, None
             return resolved
 

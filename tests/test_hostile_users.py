@@ -569,7 +569,7 @@ def test_a_compiled_graph_taking_a_python_float_is_counted_not_a_crash():
 
 @pytest.mark.slow
 def test_a_graph_that_cannot_be_priced_is_counted_as_eager_with_a_warning(monkeypatch):
-    """FakeRun that fails on fake tensors (whatever the reason): a warning, and the graph's
+    """A fake run that fails on fake tensors (whatever the reason): a warning, and the graph's
     runs inside the counter are the traced graph run op by op: eager's counts, eager's
     result."""
 

@@ -183,3 +183,50 @@ def test_table_shows_time_columns_only_when_timed():
     d = timed.to_dict()
     assert d["timing"] is True and d["wall_s"] > 0
     assert d["by_module"][ROOT]["inclusive"]["latency_s"] > 0
+
+
+def test_a_timed_counter_over_one_left_out_of_order_times_its_ops():
+    """Counters exited out of order leave a timed counter's mode at the bottom of the stack,
+    its runner a relayed one (no timer of its own, no clock below it any more): a timed
+    counter entered above it counts its ops (untimed, as before the runner stack), where the
+    runner stack's first version raised AttributeError."""
+    from dispatch_flops import FlopCounter
+
+    x = torch.randn(8, 8)
+    a, b = FlopCounter(), FlopCounter(timing=True)
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)  # b's mode is now the bottom one
+    try:
+        with FlopCounter(timing=True) as c:
+            x @ x
+    finally:
+        b.__exit__(None, None, None)
+    assert c.by_operator()["aten.mm"].calls == 1 == b.by_operator()["aten.mm"].calls
+
+
+def test_a_relay_times_by_what_it_wraps_now():
+    """A wrapper taken off the runner stack under a relay (a CUDA graph capture's annotation
+    ending while a nested timed counter runs) is off the relay's clock too."""
+    from dispatch_flops.engine.counting.mode import CountingMode
+    from dispatch_flops.engine.timing.clock import Relay, Timer
+    from dispatch_flops.formulas import REGISTRY
+
+    class Wrapper:
+        def __init__(self, runner):
+            self.runner = runner
+
+    own, clock = Timer(), Timer()
+    mode = CountingMode(REGISTRY, own)
+    inner = mode.wrap_runner(Wrapper)
+    relay = mode.wrap_runner(lambda runner: Relay(runner, clock, mode))
+    assert relay.clock is inner
+    mode.unwrap_runner(inner)
+    assert relay.runner is own and relay.clock is own and mode.runners() == [relay, own]
+    mode.unwrap_runner(relay)
+    assert mode.runner is own and mode.runners() == [own]
+    mode.unwrap_runner(relay)  # taken off already: nothing
+    assert mode.runner is own
+    bare = CountingMode(REGISTRY)
+    relay = bare.wrap_runner(lambda runner: Relay(runner, clock, bare))
+    assert relay.clock is clock and bare.runners() == [relay]

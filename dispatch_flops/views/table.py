@@ -502,7 +502,7 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
 
 
 # the operators whose hardware-only share is dropout's (formulas/random.py; the engine's
-# attention.dropout)
+# masks.dropout)
 DROPOUT_OPS = frozenset(f"aten.{name}" for name in (
     "bernoulli_", "div_", "mul", "native_dropout", "native_dropout_backward", "_fused_dropout",
     "_masked_scale", "dropout", "dropout_", "feature_dropout", "feature_dropout_",

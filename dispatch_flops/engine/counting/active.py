@@ -18,7 +18,7 @@ read of the graph whose fake inputs they meet; the graph's fake run pushes and p
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Optional
 
 from dispatch_flops.engine.torch_private import get_current_dispatch_mode_stack
 
@@ -48,12 +48,24 @@ def when_last(fn: Callable[[], None]) -> None:
     _LAST.append(fn)
 
 
+def _run_all(callbacks: list, *args) -> None:
+    """Run every callback, each whatever an earlier one raised (a part left installed would
+    outlive the counters); then raise the first exception."""
+    first: Optional[BaseException] = None
+    for fn in callbacks:
+        try:
+            fn(*args)
+        except BaseException as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
 def enter(mode, tracker) -> None:
     """A counter starts counting (its mode bound to ``tracker``)."""
     with _LOCK:
         if not COUNTING:
-            for fn in _FIRST:
-                fn()
+            _run_all(_FIRST)
         COUNTING.append((mode, tracker))
 
 
@@ -61,11 +73,11 @@ def leave(mode) -> None:
     """The counter whose mode is ``mode`` stops counting (safe to call twice)."""
     with _LOCK:
         COUNTING[:] = [(m, t) for m, t in COUNTING if m is not mode]
-        for leaving in _LEAVING:
-            leaving(mode)
-        if not COUNTING:
-            for fn in _LAST:
-                fn()
+        try:
+            _run_all(_LEAVING, mode)
+        finally:
+            if not COUNTING:
+                _run_all(_LAST)
 
 
 def counting_here(on_stack: bool = False) -> list:

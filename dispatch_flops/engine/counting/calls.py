@@ -373,7 +373,7 @@ class Resolved:
         # counts the masked (query, key) pairs of an attention op's mask tensor into the
         # call's record (``engine.masks``); None for every op that takes no mask
         self.tally = tally_of(func)
-        # keeps the values of a meta output built from shapes (``attention.shadows``): asked
+        # keeps the values of a meta output built from shapes (``masks.shadows``): asked
         # only for a call whose output is on meta. None for every op that cannot build a mask
         self.shadow = shadow_tally_of(func)
         self.dtype: Optional[str] = None  # the registry's, where it names the compute dtype

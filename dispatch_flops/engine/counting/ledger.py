@@ -136,7 +136,7 @@ class Ledger:
         self.records: list[list] = []  # every op record of every frame, in the order made
         self.busy = False
         self.home: Optional[tuple] = None  # (ledgers, key) where shared_ledger keeps it
-        self.layout = None  # _records.Layout of its records, rebuilt when records are added
+        self.layout = None  # records.Layout of its records, rebuilt when records are added
         self.last = None  # the last Profile harvested: the next may share its views
         self.root = Frame(ROOT, None, self.frames)
         # the counts here are a finished counter's: a weak method that copies them into it

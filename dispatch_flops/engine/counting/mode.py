@@ -290,7 +290,7 @@ class CountingMode(TorchDispatchMode):
     def attribution(self) -> Optional[tuple]:
         """``(frame, accumulator)`` an op run now counts into, as the hot path finds it (which
         inlines the common cases): for calls that reach the mode outside ``__torch_dispatch__``
-        (the flex operators, ``attention.flex``) and compat's ``FlopCounterMode`` (a torch-format
+        (the flex operators, ``masks.flex``) and compat's ``FlopCounterMode`` (a torch-format
         formula's flops). None when the mode is not bound to a tracker."""
         tracker = self.tracker
         if tracker is None:

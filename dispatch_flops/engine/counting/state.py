@@ -22,11 +22,14 @@ part                                   written by                      through
 ``last``                               the mode (hot path)             ``forget_node``
 ``p2p_tags``, ``pipeline``             workflows (pipeline stages);    ``tag_transfer``,
                                        the mode uses tags up           ``note_pipeline``
-``ledger``, ``records``                the mode adds records           ``book``
+``ledger``, ``records``                the mode and a replayed step    ``book``
+                                       add records
 =====================================  ==============================  ====================
 
 ``WRITERS`` says the same as data: the engine files that may write each part (assign it, or
-change the list or dict it holds), which ``tests/test_layout.py`` holds the package to.
+change the list or dict it holds, itself or through a local name for it), which
+``tests/test_owners.py`` holds the package to. The accumulators ``forward_acc`` points at are
+the ledger's frames': counting adds records to them wherever it counts.
 ``save``/``restore`` put every part a compiled graph's fake run changes back as it was.
 The dispatch mode aliases the lists (``records``, the boundaries) when it binds, and loads
 the state once per op: its hot path pays one attribute load per part it reads.
@@ -50,7 +53,7 @@ NO_NODE: tuple = (None, None, -1)  # ``last`` before any autograd node ran
 # methods write for the others
 WRITERS: dict[str, tuple[str, ...]] = {
     "ledger": ("state",),
-    "records": ("state", "mode"),
+    "records": ("state", "mode", "step_replay"),
     "forward_acc": ("state", "tracker"),
     "boundary_seqs": ("state", "tracker", "steps"),
     "boundary_frames": ("state", "tracker", "steps"),
@@ -59,7 +62,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "recompute_home": ("state", "tracker"),
     "stepping": ("state",),
     "in_step": ("state",),
-    "replay": ("state", "step_replay"),
+    "replay": ("state", "step_replay", "mode"),
     "p2p_tags": ("state",),
     "pipeline": ("state",),
 }

@@ -1,9 +1,9 @@
-"""The per-thread state of attention written as plain ops (``attention.math_path``).
+"""The per-thread state of attention written as plain ops (``masks.math_path``).
 
 ``softmax(q @ k^T * scale + mask) @ v``, op by op: a contraction's last record, the masked
 probabilities waiting for their consumer, the last few contractions (for the softmax
 backward) and the last causal ``tril``, kept per thread between one op's tally and the next's.
-The math path reads and writes it; a shadow tally (``attention.shadows``) reads the last
+The math path reads and writes it; a shadow tally (``masks.shadows``) reads the last
 contraction's scores, to mark scores that a mask without values was added to.
 """
 

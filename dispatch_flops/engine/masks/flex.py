@@ -20,7 +20,7 @@ What is counted (docs/conventions.md, "Hardware and model flops"):
 * ``score_mod``'s own element-wise work per pair (a bias, a soft cap) is not priced: the
   per-pair figure is SDPA's (scale, mask select, softmax), whatever score_mod adds.
 
-Counts stay on the device (``attention.tally.Tally``); the (b, h, kv) grid of a mask is
+Counts stay on the device (``masks.tally.Tally``); the (b, h, kv) grid of a mask is
 evaluated once per BlockMask (its tensors' identity and version) and kept (``_UNMASKED``).
 """
 
@@ -125,7 +125,7 @@ class FakeRun:
     def __init__(self, inputs: dict, block_sparse: bool):
         self.inputs = inputs  # id(fake input) -> its position among the graph's inputs
         self.block_sparse = block_sparse
-        self.tallies: list = []  # RunTally, and attention.shadows' per-run tallies
+        self.tallies: list = []  # RunTally, and masks.shadows' per-run tallies
         self.backward = False  # the fake run is in the graph's backward
 
     def note(self, rec, backward: bool, shapes: tuple, block_mask: tuple, buffers: tuple):

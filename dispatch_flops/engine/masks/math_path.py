@@ -6,7 +6,7 @@ masked entries' share of the contraction, the softmax and the contraction that c
 probabilities; backward follows the masked-zero probabilities and gradients by storage
 (``PAIRED``). SDPA's math decomposition is priced as the fused kernels are (its own
 element-wise work beyond theirs is hardware only). The per-thread state between ops is
-``attention.eager``'s; masks without values are ``attention.shadows``'.
+``masks.eager``'s; masks without values are ``masks.shadows``'.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ _STRIDED = torch.strided
 # leaves them), right after a contraction that produced as many scores: the masked entries'
 # share of that contraction (d MACs each), of the softmax (its per-element cost), and of the
 # contraction that next consumes the probabilities (d_v MACs each). The state is per thread
-# (``attention.eager``): a contraction's last record, and the masked probabilities waiting
+# (``masks.eager``): a contraction's last record, and the masked probabilities waiting
 # for their consumer.
 #
 # Backward (autograd of the same ops: SDPA's math decomposition in training) follows the
@@ -63,7 +63,7 @@ _STRIDED = torch.strided
 # reused by a tensor of another size never matches.
 PAIRED: dict = {}  # storage pointer -> (the storage's weakref, numel, masked count)
 PAIRED_PURGE = 1024  # past this many, entries of freed tensors are dropped
-PAIRED_LOCK = threading.Lock()  # dropout's noise (``attention.dropout._NOISE``) takes it too
+PAIRED_LOCK = threading.Lock()  # dropout's noise (``masks.dropout._NOISE``) takes it too
 # The numels of ``PAIRED``'s entries (and dropout's ``_NOISE_NUMELS``, of its noise's), freed
 # ones' too until a purge: an entry matches only a tensor of its numel, so a tensor whose numel
 # is not here is none of them, found without reading its storage (the common case: a mul of

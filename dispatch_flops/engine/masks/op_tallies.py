@@ -1,8 +1,8 @@
 """Which tally each aten op has: the mode's lookup (``tally_of``, ``shadow_tally_of``).
 
-SDPA's kernels (``attention.sdpa``), the ops of attention written as plain ops
-(``attention.math_path``), dropout's noise (``attention.dropout``) and, apart, the ops that
-build masks from shapes (``attention.shadows``).
+SDPA's kernels (``masks.sdpa``), the ops of attention written as plain ops
+(``masks.math_path``), dropout's noise (``masks.dropout``) and, apart, the ops that
+build masks from shapes (``masks.shadows``).
 """
 
 from __future__ import annotations

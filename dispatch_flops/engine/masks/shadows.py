@@ -3,7 +3,7 @@
 
 A meta tensor has no values, but a mask built from shapes alone has the values it would have
 on any device: the ops that build one are run again on the CPU (``shadow_tally_of`` in
-``attention.op_tallies``: asked only for a call whose output is meta). In a compiled graph's
+``masks.op_tallies``: asked only for a call whose output is meta). In a compiled graph's
 fake run a mask made from the graph's inputs (a padding ``attention_mask`` passed in) is
 noted as the ops that make it (``Recipe``), and counted at each run from the run's real inputs
 (``InputMasks``, ``InputCount``).
@@ -354,7 +354,7 @@ def _shadow_tallies() -> dict:
     return found
 
 
-# kept apart from the mask tallies (``attention.op_tallies``): view, add, mul... are among the
+# kept apart from the mask tallies (``masks.op_tallies``): view, add, mul... are among the
 # commonest ops, and a shadow tally works only when their output is on meta (the mode asks
 # that first)
 SHADOW_TALLIES = _shadow_tallies()

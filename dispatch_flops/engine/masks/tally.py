@@ -3,13 +3,13 @@
 A formula prices an attention call from shapes: every (query, key) pair the kernel computes
 (the hardware figure). Which of those pairs a mask makes useless is a tensor's values: a
 boolean or additive ``attn_mask`` given to SDPA, a FlexAttention ``BlockMask`` and its
-``mask_mod``. For the ops that take one (``attention.op_tallies``) the mode hands each call to
+``mask_mod``. For the ops that take one (``masks.op_tallies``) the mode hands each call to
 a *tally*, which counts the call's masked pairs (and, for a block-sparse kernel, the pairs it
 skipped) into the record's ``Tally`` (``rec[TALLY]``). On a CUDA tensor the counts stay on the
 device (a tensor added to, never read per call: no host sync); they are read once, when the
 counter's results are captured (``Tally.read``, ``read_all``). Fake and meta tensors have no
 values: their calls keep the formula's figures (docs/conventions.md, "Hardware and model
-flops"), except masks built from shapes alone (``attention.shadows``); a call whose mask has no
+flops"), except masks built from shapes alone (``masks.shadows``); a call whose mask has no
 values is counted (``Tally.unvalued``), so the result can say its masked pairs were not
 subtracted (``RunFacts.unvalued_masks``).
 
@@ -189,7 +189,7 @@ def masked_in(mask: Tensor, total: int, causal: Optional[Tensor] = None):
 
 def by_op(rows) -> dict:
     """``{op overload: tally}`` of ``rows`` of (aten op name, overload name, tally), for the
-    ops this build of torch has (``attention.op_tallies`` gathers the tables)."""
+    ops this build of torch has (``masks.op_tallies`` gathers the tables)."""
     aten = torch.ops.aten
     found: dict = {}
     for name, overload, tally in rows:

@@ -446,8 +446,14 @@ class Relay:
 
     def __init__(self, runner, clock: Timer, mode: Any = None) -> None:
         self.runner = runner
-        self.clock = runner if runner is not None else clock
+        self._clock = clock
         self.mode = mode  # the counting mode whose runner this relay took the place of
+
+    @property
+    def clock(self):
+        """What times the op: the runner it wraps (which ``unwrap_runner`` may replace, as a
+        capture's annotation ends), else its own clock."""
+        return self.runner if self.runner is not None else self._clock
 
     def run(self, resolved, args, kwargs):
         out, token = self.clock.run(resolved, args, kwargs)

@@ -52,7 +52,9 @@ def runner_for(timer: Optional[Timer], on_meta: bool) -> tuple:
     if relay is None:
         return timer, None
     runner: Union[Relayed, Timer] = Relayed(timer)  # nested: timed by the bottom mode's clock
-    if _bottom_clock().kernel_tokens != timer.kernel_tokens:
+    # the clock below may be no timer (a counter's relayed runner once the counters below it
+    # left out of order): none of kernel tokens
+    if getattr(_bottom_clock(), "kernel_tokens", False) != timer.kernel_tokens:
         # the clock below hands out tokens of the other kind: count, untimed
         warnings.warn(MIXED_CLOCKS, stacklevel=3)
         runner = Relayed(CallsOnly())

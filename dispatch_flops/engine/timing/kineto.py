@@ -425,6 +425,8 @@ def kernel_timer(devices=(), model=None, every: int = SAMPLE_EVERY) -> Timer:
         if model is not None:
             sampler = _samplers.get(model)
             if sampler is None or sampler.every != every:  # a new schedule starts afresh
+                if sampler is not None:  # its unread block's timer is let go with it
+                    _unread.pop(sampler, None)
                 sampler = _samplers[model] = Sampler(every, DRIFT)
             _catch_up(sampler)
             if not sampler.due():
