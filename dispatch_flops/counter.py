@@ -21,6 +21,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from dispatch_flops.engine.counting import active
 from dispatch_flops.engine.counting.ledger import LEDGERS_LOCK, Ledger, ledger_for
 from dispatch_flops.engine.counting.mode import CountingMode, GuardedCountingMode, exit_mode
+from dispatch_flops.engine.counting.model_cache import holds_dtensor
 from dispatch_flops.engine.counting.records import Captured, engine_cache
 from dispatch_flops.engine.counting.state import CountingState
 from dispatch_flops.engine.counting.tracker import (
@@ -35,7 +36,6 @@ from dispatch_flops.engine.graphs import dynamo as _dynamo
 from dispatch_flops.engine.model import expert_load as _experts
 from dispatch_flops.engine.model import module_facts as _facts
 from dispatch_flops.engine.model.expert_load import ExpertLoad
-from dispatch_flops.engine.model.model_cache import holds_dtensor
 from dispatch_flops.engine.model.saved import SavedActivations
 from dispatch_flops.engine.timing.clock import Timer, cuda_index
 from dispatch_flops.engine.timing.factory import new_timer, runner_for, unrelay

@@ -388,7 +388,7 @@ def test_block_counts_clip_the_last_block_to_the_sequence(s):
     blocks equal the naive loop's (a consistent mask lists every block holding one)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from dispatch_flops.engine.masks import flex
+    from dispatch_flops.engine.counting import flex
 
     allowed = documents([100, 60, s - 160])
     table = mask_of(allowed, s)

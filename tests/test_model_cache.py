@@ -1,4 +1,4 @@
-"""A model's facts kept from one counter to the next (``engine.model.model_cache``): a fresh
+"""A model's facts kept from one counter to the next (``engine.counting.model_cache``): a fresh
 counter per step reuses the module types, parameter counts, parameter groups and expert
 layers worked out for the last one, and sees every change between steps that they depend
 on: a module added, removed, replaced or renamed, a parameter replaced, added or removed.
@@ -12,7 +12,7 @@ from moe_models import ListMoE
 from torch import nn
 
 from dispatch_flops import FlopCounter
-from dispatch_flops.engine.model import model_cache
+from dispatch_flops.engine.counting import model_cache
 
 
 class Tied(nn.Module):

@@ -10,9 +10,7 @@ register what they do when the first one enters and the last one leaves (``when_
 >>> active.counting_here()           # [(mode, tracker)] of this thread's counters
 >>> active.leave(mode)               # FlopCounter.__exit__
 
-``FAKE_RUNS`` is the stack of compiled graphs being priced now (innermost last): what the
-FlexAttention rules (``engine.masks.flex``) and the mask tallies (``engine.masks``)
-read of the graph whose fake inputs they meet; the graph's fake run pushes and pops it.
+The compiled graphs being counted on fake tensors now are in ``masks.fake_runs``.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ _FIRST: list[Callable[[], None]] = []  # run when a counter enters with none cou
 _LEAVING: list[Callable[[object], None]] = []  # run with the mode of each counter leaving
 _LAST: list[Callable[[], None]] = []  # run when the last counter has left
 
-FAKE_RUNS: list = []  # the compiled graphs being priced now (``flex.FakeRun``), innermost last
 
 
 def when_first(fn: Callable[[], None]) -> None:

@@ -14,12 +14,11 @@ import weakref
 from collections import deque
 from itertools import repeat
 from operator import itemgetter, setitem
-from typing import Optional
+from typing import Any, Optional, Protocol
 
 from torch import nn
 
 from dispatch_flops.engine.counting.records import CALLS, NS, tallied
-from dispatch_flops.engine.timing.clock import Timer
 from dispatch_flops.results.stats import (
     BACKWARD,
     FORWARD,
@@ -36,6 +35,23 @@ _ns = itemgetter(NS)
 FORWARD_I, BACKWARD_I, OPTIMIZER_I, RECOMPUTE_I, OTHER_I = map(
     PHASES.index, (FORWARD, BACKWARD, OPTIMIZER, RECOMPUTE, OTHER))
 
+
+
+class Clock(Protocol):
+    """What counting and the graphs read of a counter's timer (``engine.timing.clock.Timer``,
+    which counting does not import: the timing room stands above it)."""
+
+    cuda: bool  # its times may land after the block (CUDA events resolved later)
+    tracing: bool  # it keeps a timeline pointing at the records
+    kernel_tokens: bool  # it times ops by their kernels (Kineto)
+
+    def mark(self, block_end: bool = False) -> Any: ...
+
+    def span(self, counts: list, index: int, start: Any, end: Any) -> None: ...
+
+    def graph_replay(self, nodes: dict) -> Any: ...
+
+    def replayed(self, records: Any) -> None: ...
 
 def phase_of(*, node: bool, recompute: bool, optimizer: bool, outside: bool = False) -> int:
     """The one rule that decides an op's phase (an index into ``PHASES``):
@@ -187,12 +203,13 @@ class Ledger:
             frame.span[0] = 0
 
 
-def ledger_for(ledgers: dict, model: Optional[nn.Module], timer) -> Optional[Ledger]:
+def ledger_for(ledgers: dict, model: Optional[nn.Module], timer: Optional[Clock]
+               ) -> Optional[Ledger]:
     """The sharing policy: a counter counts into its model's ledger (``shared_ledger``) unless
     it has no model (nothing to keep the ledger with) or times land in its records after the
     block (a CudaTimer's events resolved later, or a trace pointing at the records); None means a
     private ledger."""
-    if model is None or not (timer is None or type(timer) is Timer):
+    if model is None or timer is not None and (timer.cuda or timer.tracing):
         return None
     return shared_ledger(ledgers, model)
 

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import FAKE_RUNS as _PRICING
+from dispatch_flops.engine.counting import flex as _flex
 from dispatch_flops.engine.counting.calls import (
     EXOTIC,
     FLOAT,
@@ -51,7 +51,7 @@ from dispatch_flops.engine.counting.skip import SKIP_FRAMES as _SKIP_FRAMES
 from dispatch_flops.engine.counting.state import CountingState
 from dispatch_flops.engine.counting.tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from dispatch_flops.engine.counting.tracker import ModuleTracker
-from dispatch_flops.engine.masks import flex as _flex
+from dispatch_flops.engine.masks.fake_runs import FAKE_RUNS as _PRICING
 from dispatch_flops.engine.masks.tally import TALLY
 from dispatch_flops.engine.torch_private import NestedTensor as _Jagged
 from dispatch_flops.engine.torch_private import TorchDispatchMode
@@ -290,7 +290,7 @@ class CountingMode(TorchDispatchMode):
     def attribution(self) -> Optional[tuple]:
         """``(frame, accumulator)`` an op run now counts into, as the hot path finds it (which
         inlines the common cases): for calls that reach the mode outside ``__torch_dispatch__``
-        (the flex operators, ``masks.flex``) and compat's ``FlopCounterMode`` (a torch-format
+        (the flex operators, ``counting.flex``) and compat's ``FlopCounterMode`` (a torch-format
         formula's flops). None when the mode is not bound to a tracker."""
         tracker = self.tracker
         if tracker is None:
@@ -315,7 +315,7 @@ class CountingMode(TorchDispatchMode):
 
     def keep_resolution(self, key: int, resolved: "Resolved") -> None:
         """Keep ``resolved`` under ``key`` unless one is kept there: an op that reaches the
-        mode another way (a FlexAttention operator, ``engine.masks.flex``), a call's
+        mode another way (a FlexAttention operator, ``engine.counting.flex``), a call's
         unsupported twin (``engine.counting.exotic``)."""
         self.resolved.setdefault(key, resolved)
 
@@ -599,7 +599,7 @@ def exit_mode(mode: TorchDispatchMode, exc_type=None, exc=None, tb=None) -> None
         _push_mode(m)
 
 
-# FlexAttention's operators reach the modes as themselves: counted whole (engine.masks.flex)
+# FlexAttention's operators reach the modes as themselves: counted whole (engine.counting.flex)
 _flex.install(CountingMode, GuardedCountingMode)
 
 if _SKIP_FRAMES is not None:

@@ -255,7 +255,7 @@ class Layout:
                             category = UNSUPPORTED
                         if self.units[i][_FLOPS]:
                             dtype = signature.dtype
-                        # (a flex call's resolution, engine.masks.flex's, has no formula)
+                        # (a flex call's resolution, engine.counting.flex's, has no formula)
                         if getattr(resolved, "formula", None) in CAUSAL_DIAGONAL_FORMULAS:
                             self.causal.append(i)
                     row_key = (frame.stack, phase, op, category, dtype)

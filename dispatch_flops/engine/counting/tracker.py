@@ -29,13 +29,12 @@ from torch.optim.optimizer import (
 )
 from torch.utils.hooks import RemovableHandle
 
-from dispatch_flops.engine.counting.ledger import FORWARD_I, Frame, Ledger, Outside, phase_of
+from dispatch_flops.engine.counting.ledger import FORWARD_I, Clock, Frame, Ledger, Outside, phase_of
+from dispatch_flops.engine.counting.model_cache import ModelFacts, facts_of
 from dispatch_flops.engine.counting.records import engine_cache
 from dispatch_flops.engine.counting.skip import SKIP_FRAMES
 from dispatch_flops.engine.counting.step_replay import StepReplay
 from dispatch_flops.engine.counting.steps import CLOSURE, OptimizerSteps, running, suspendable
-from dispatch_flops.engine.model.model_cache import ModelFacts, facts_of
-from dispatch_flops.engine.timing.clock import Timer
 from dispatch_flops.engine.torch_private import current_autograd_node as _current_node
 from dispatch_flops.engine.torch_private import (
     get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
@@ -215,7 +214,7 @@ class ModuleTracker(OptimizerSteps):
     """
 
     def __init__(self, model: Optional[nn.Module], mode: CountingModeLike, state: CountingState,
-                 timer: Optional[Timer] = None, shared: bool = False,
+                 timer: Optional[Clock] = None, shared: bool = False,
                  guard: Optional[FrameType] = None, every_module: bool = False,
                  user_hooks: Optional[UserHooks] = None):
         self.model = model
@@ -246,7 +245,7 @@ class ModuleTracker(OptimizerSteps):
         self._names: tuple[str, ...] = ()  # the model's module names, in _modules order
         self._param_owner: Optional[dict[int, str]] = None
         # what is known of the model as walked on entry, kept from counter to counter while
-        # its modules and parameters stay the same (engine.model.model_cache); None without a model
+        # its modules and parameters stay the same (model_cache); None without a model
         self.model_facts: Optional[ModelFacts] = None
         self._accumulation_frames: dict[int, Frame] = {}
         self._first_frames: dict[str, Frame] = {}  # each module's first frame

@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting import active
+from dispatch_flops.engine.counting import active, flex
 from dispatch_flops.engine.counting.ledger import Frame
 from dispatch_flops.engine.counting.records import CALLS, NS
 from dispatch_flops.engine.counting.tracker import ModuleTracker
@@ -54,7 +54,7 @@ from dispatch_flops.engine.graphs.runs import (
     run_backward_without,
     sink_backward,
 )
-from dispatch_flops.engine.masks import flex
+from dispatch_flops.engine.masks import fake_runs
 from dispatch_flops.engine.masks.tally import TALLY
 from dispatch_flops.engine.model import module_facts as facts
 from dispatch_flops.engine.torch_private import get_sequence_nr as _sequence_nr
@@ -85,7 +85,7 @@ class _GraphCounts:
         self.backward = backward
         self.calls = calls
         # flex calls whose masked (and skipped) pairs each run counts from its inputs
-        # (engine.masks.flex.RunTally), forward and backward
+        # (engine.counting.flex.RunTally), forward and backward
         self.tallies = tallies
         self.forward_tallies = tuple(t for t in tallies if not t.backward)
         self.backward_tallies = tuple(t for t in tallies if t.backward)
@@ -146,7 +146,7 @@ class Graph:
         self.gm = gm
         self.compiled = compiled
         # the backend lowers flex attention to a block-sparse kernel (inductor); other
-        # backends run the operator's dense math (engine.masks.flex)
+        # backends run the operator's dense math (engine.counting.flex)
         self.block_sparse = block_sparse
         # dynamic shapes: input shapes are part of what is priced
         self.dynamic = any(_symbolic(n.meta.get("example_value"))
@@ -280,7 +280,7 @@ class Graph:
         frames = _FrameMap(tracker, running, self._renames(tracker, args))
         fake_run = flex.FakeRun({id(a): i for i, a in enumerate(fake) if isinstance(a, Tensor)},
                                self.block_sparse)
-        active.FAKE_RUNS.append(fake_run)
+        fake_runs.FAKE_RUNS.append(fake_run)
         try:
             with _disable_current_modes(), mode, torch.enable_grad() \
                     if torch.is_grad_enabled() else contextlib.nullcontext():
@@ -306,7 +306,7 @@ class Graph:
             raise
         finally:
             _restore_tallies(records, held)
-            active.FAKE_RUNS.remove(fake_run)
+            fake_runs.FAKE_RUNS.remove(fake_run)
             tracker.state.restore(saved)
             tracker.resume(running, saved[0])
         after = list(map(_calls, records))

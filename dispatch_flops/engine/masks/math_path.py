@@ -18,8 +18,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import FAKE_RUNS
 from dispatch_flops.engine.masks.eager import EAGER
+from dispatch_flops.engine.masks.fake_runs import FAKE_RUNS
 from dispatch_flops.engine.masks.shadows import (
     MASKING,
     RECIPES,

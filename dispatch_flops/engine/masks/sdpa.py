@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from dispatch_flops.engine.counting.active import FAKE_RUNS
+from dispatch_flops.engine.masks.fake_runs import FAKE_RUNS
 from dispatch_flops.engine.masks.shadows import RECIPES, SHADOWS, InputMasks
 from dispatch_flops.engine.masks.tally import (
     BELOW_AUTOGRAD,

@@ -17,8 +17,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import FAKE_RUNS
 from dispatch_flops.engine.masks.eager import EAGER
+from dispatch_flops.engine.masks.fake_runs import FAKE_RUNS
 from dispatch_flops.engine.masks.tally import (
     Tally,
     causal_keeps,
@@ -84,7 +84,7 @@ _AS_VIEW = frozenset(("view", "_unsafe_view", "reshape", "expand", "unsqueeze", 
                       "transpose", "permute", "slice", "select", "alias"))
 
 
-# while a compiled graph's fake run is on (engine.graphs.compiled, active.FAKE_RUNS), its fake
+# while a compiled graph's fake run is on (engine.graphs.compiled, fake_runs.FAKE_RUNS), its fake
 # tensors' masks built from shapes are followed as on meta (a composite priced whole on fake
 # tensors keeps the masked share of the kernel its decomposition runs, docs/conventions.md: not
 # followed there)

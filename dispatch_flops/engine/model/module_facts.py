@@ -34,7 +34,7 @@ def names(tracker: ModuleTracker) -> tuple[str, ...]:
 def types_and_params(tracker: ModuleTracker) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Each module's class name and parameters (``sum(p.numel() for p in
     module.parameters())``), in ``names()`` order; kept with the model's facts while its
-    modules and parameters stay the same (``engine.model.model_cache``)."""
+    modules and parameters stay the same (``engine.counting.model_cache``)."""
     modules = tracker.modules()
     if not modules:
         return ("",), (0,)

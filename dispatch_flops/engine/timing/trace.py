@@ -36,6 +36,8 @@ class _Tracing(Timer):
     capture) is left out. Mixed in before the timer it traces (``Timer`` or ``CudaTimer``):
     ``super()`` is that timer."""
 
+    tracing = True
+
     def _start_trace(self, limit: Optional[int]) -> None:
         self.limit = TRACE_LIMIT if limit is None else limit
         self.events: list[tuple] = []
@@ -93,7 +95,6 @@ class CudaTracingTimer(_Tracing, CudaTimer):
 
     def __init__(self, devices=(), limit: Optional[int] = None) -> None:
         super().__init__(devices)
-        self.tracing = True
         self._start_trace(limit)
 
 

@@ -32,8 +32,8 @@ import weakref
 import torch
 from torch import Tensor
 
-from dispatch_flops.engine.counting.active import FAKE_RUNS  # the compiled graphs priced now
 from dispatch_flops.engine.counting.records import CALLS, Signature
+from dispatch_flops.engine.masks.fake_runs import FAKE_RUNS  # the compiled graphs priced now
 from dispatch_flops.engine.masks.tally import TALLY, Tally, give_tally, has_values, rates
 from dispatch_flops.engine.torch_private import disable_current_modes as _disable_current_modes
 from dispatch_flops.engine.torch_private import lookup
