@@ -154,7 +154,8 @@ def test_kernel_sampling_is_a_whole_number_of_blocks():
     for bad in (0, -1, 2.5, True, "10", None):
         with pytest.raises(ValueError, match="kernel_sampling must be a whole number"):
             FlopCounter(kernel_sampling=bad)
-    assert FlopCounter().kernel_sampling == 10 and FlopCounter(kernel_sampling=1)
+    assert FlopCounter().kernel_sampling == 10
+    assert FlopCounter(kernel_sampling=1).kernel_sampling == 1
 
 
 def test_unavailable_names_why(monkeypatch):

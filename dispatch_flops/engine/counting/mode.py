@@ -51,7 +51,7 @@ from dispatch_flops.engine.counting.skip import SKIP_FRAMES as _SKIP_FRAMES
 from dispatch_flops.engine.counting.state import CountingState
 from dispatch_flops.engine.counting.tracker import ACCUMULATE_GRAD_SEQ as _ACCUMULATE_GRAD_SEQ
 from dispatch_flops.engine.counting.tracker import ModuleTracker
-from dispatch_flops.engine.masks.fake_runs import FAKE_RUNS as _PRICING
+from dispatch_flops.engine.masks.fake_runs import FAKE_RUNS as _FAKE_RUNS
 from dispatch_flops.engine.masks.tally import TALLY
 from dispatch_flops.engine.torch_private import NestedTensor as _Jagged
 from dispatch_flops.engine.torch_private import TorchDispatchMode
@@ -131,7 +131,7 @@ class CountingMode(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         # torch.compile compiles under this mode (every mode is off while it compiles) and
         # runs the compiled code under it, instead of skipping the frame and caching the skip
-        # (pytorch#190286); compiled graphs count through _compiled.Graph
+        # (pytorch#190286); compiled graphs count through graphs.compiled.Graph
         return True
 
     def __init__(self, registry: Registry, runner=None):
@@ -529,7 +529,7 @@ class CountingMode(TorchDispatchMode):
         if resolved.tally is not None:  # a mask's values: see engine.masks
             resolved.tally(rec, args, kwargs, out)
         if resolved.shadow is not None and (out.__class__ is Tensor and out.is_meta or
-                                            _PRICING):  # masks built from shapes
+                                            _FAKE_RUNS):  # masks built from shapes
             resolved.shadow(rec, args, kwargs, out)
         if runner is None:
             rec[0] += 1  # CALLS

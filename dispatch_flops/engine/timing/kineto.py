@@ -225,8 +225,8 @@ class KernelTimer(Timer):
                 self.session.stop()
 
     def replayed(self, records) -> None:
-        """A CUDA graph replay added to ``records``: this block learns their kernel time per
-        call."""
+        """A CUDA graph replay added to ``records``: a recorded block learns their kernel time
+        per call, a block between samples gives them their estimate (``EstimatingTimer``'s)."""
         for rec in records:
             self._records[id(rec)] = (rec, NS)
 
@@ -319,10 +319,7 @@ class EstimatingTimer(ModuleEventTimer):
             self._wall = (counts, index, counts[index])
         super().span(counts, index, start, end)
 
-    def replayed(self, records) -> None:
-        """A CUDA graph replay added to ``records``: they get their estimate."""
-        for rec in records:
-            self._records[id(rec)] = (rec, NS)
+    replayed = KernelTimer.replayed  # its records get their estimate at ``resolve``
 
     def facts(self) -> dict:
         """``RunFacts.kernels`` of this block (``resolve`` first)."""
