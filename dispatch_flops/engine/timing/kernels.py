@@ -43,7 +43,10 @@ MARK_PREFIX = "df:mark:"  # the timer's instant at a module boundary: df:mark:<i
 GRAPH_PREFIX = "df:graph:"  # the timer's range around a CUDA graph replay: df:graph:<n>
 # launches whose correlation every kernel of a CUDA graph replay carries
 GRAPH_LAUNCHES = frozenset(("cudaGraphLaunch", "cudaGraphLaunch_v10000", "cuGraphLaunch",
-                            "cuGraphLaunch_ptsz"))
+                            "cuGraphLaunch_ptsz", "hipGraphLaunch", "hipGraphLaunch_spt"))
+# how a trace's device records say "no op": their own correlation as External id (before
+# kineto PR#1001, 2024-10), or no External id (since)
+OLD_CONVENTION, NEW_CONVENTION = "own correlation", "linked op only"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"  # autograd runs a node in it
 OPTIMIZER_PREFIX = "Optimizer.step#"  # torch's optimizers run step() in it
 
@@ -383,7 +386,35 @@ def from_chrome_trace(trace: Mapping) -> tuple[list[HostEvent], list[DeviceActiv
         elif kind in HOST_KINDS:
             host.append(HostEvent(kind, event.get("name", ""), int(event.get("tid", 0)),
                                   start, end, external))
+    device = unlink_own_correlations(host, device)[0]
     return host, device
+
+
+def unlink_own_correlations(host: list, device: list) -> tuple[list, int, Optional[str]]:
+    """Device records whose External id is their own correlation (the convention before
+    kineto PR#1001) with no link: kept only where the host op of that id encloses the
+    record's launch on the launch's thread (a real link, whose id happens to equal the
+    correlation). Returns the records, how many were unlinked, and the convention seen."""
+    if not device:
+        return device, 0, None
+    by_id = {e.id: e for e in host if e.id}
+    launches = {e.correlation: e for e in host if e.kind in LAUNCH_KINDS and e.correlation}
+    out, unlinked, own, none = [], 0, 0, 0
+    for activity in device:
+        if not activity.external_id:
+            none += 1
+        elif activity.external_id == activity.correlation:
+            own += 1
+            anchor = by_id.get(activity.external_id)
+            launch = launches.get(activity.correlation)
+            if not (anchor is not None and launch is not None and
+                    anchor.thread == launch.thread and anchor.start_ns <= launch.start_ns
+                    and launch.end_ns <= anchor.end_ns):
+                activity = activity._replace(external_id=0)
+                unlinked += 1
+        out.append(activity)
+    convention = OLD_CONVENTION if own > none else NEW_CONVENTION
+    return out, unlinked, convention
 
 
 def _activity_kind(event) -> str:
