@@ -221,13 +221,17 @@ def _union_ns(intervals: list) -> int:
 
 def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
          spans: Iterable[tuple[Any, int, int]] = (),
-         graph_ops: Optional[Mapping[int, Mapping[int, int]]] = None) -> KernelJoin:
+         graph_ops: Optional[Mapping[int, Mapping[int, int]]] = None, *,
+         op_ranges: Iterable[tuple[int, int, int, int]] = (),
+         call_ranges: Iterable[tuple[Any, int, int, int]] = ()) -> KernelJoin:
     """Give each device activity to the op call (``df:op:<token>`` range) that launched it,
     else to the innermost module call open at its launch as an ``Outside`` row. ``spans``:
     ``(key, start mark id, end mark id)`` per module call; calls with one key add up.
     ``graph_ops``: per CUDA graph replay (``df:graph:<n>`` range, ``n`` the key), the op token
     each graph node (tools id) was captured from: a replay's kernel whose node is named there
-    is that op's, as if the op had launched it."""
+    is that op's, as if the op had launched it. A recorded file has no ranges of ours: its
+    ops and module calls come as ``op_ranges`` (``(token, thread, start_ns, end_ns)``) and
+    ``call_ranges`` (``(key, thread, start_ns, end_ns)``), joined the same way."""
     graph_ops = graph_ops or {}
     by_id: dict[int, HostEvent] = {}
     launches: dict[int, HostEvent] = {}
@@ -256,7 +260,11 @@ def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
             continue
         if event.name.startswith((BACKWARD_PREFIX, OPTIMIZER_PREFIX)):
             ranges[event.thread].append((event.start_ns, event.end_ns, event))
+    for token, thread, start, end in op_ranges:
+        ops[thread].append((start, end, token))
     calls: dict[int, list] = defaultdict(list)  # thread -> (start, end, key)
+    for key, thread, start, end in call_ranges:
+        calls[thread].append((start, end, key))
     for key, start, end in spans:
         first, last = marks.get(start), marks.get(end)
         if first is not None and last is not None and first[0] == last[0]:
