@@ -272,6 +272,29 @@ def test_innermost_matches_a_brute_force_search(cuts, start, length):
         assert nest.values[found] == min(containing, key=lambda i: i[1] - i[0])[2]
 
 
+
+@given(st.integers(0, 2_000_000_000_000_000), st.integers(0, 2**41), st.integers(0, 999))
+def test_microseconds_are_read_as_ns_exactly(epoch, whole, fraction):
+    """Whole microseconds (older traces: since the epoch, past 2**53 ns) and three decimals
+    (current ones, about 1.4e12 us: below 2**41, where a double is finer than half a ns)
+    give their ns exactly; through one double, 1.7e18 ns would be up to 128 ns off."""
+    assert K.us_to_ns(epoch) == epoch * 1000
+    assert K.us_to_ns(float(f"{whole}.{fraction:03d}")) == whole * 1000 + fraction
+    for bad in ("12", None, True, float("nan"), float("-inf")):
+        with pytest.raises(ValueError):
+            K.us_to_ns(bad)
+
+
+def test_the_chrome_trace_reader_keeps_an_edge_shared_at_epoch_microseconds():
+    """The live path's reader converts the same way: a launch ending with its op at whole
+    epoch microseconds stays in it (through a double it ends 24 ns later)."""
+    at = 1_683_564_901_549_715
+    events = [host_op("df:op:0", 1, at, 2, 1),
+              launch("cudaLaunchKernel", "cuda_runtime", 1, at + 1, 1, 9),
+              device_event("kernel", "gemm", at + 5, 3, 9, None)]
+    found = K.join(*K.from_chrome_trace({"traceEvents": events}))
+    assert found.op_ns == {0: 3000}
+
 def step(sampler) -> bool:
     """A step begins: whether it is sampled."""
     sampled = sampler.due()

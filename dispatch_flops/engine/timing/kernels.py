@@ -25,6 +25,7 @@ device waiting on the host, named as such and charged to no op.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -362,9 +363,22 @@ def _add_outside(outside: dict, key, phase: str, activity: DeviceActivity,
 # -- readers --------------------------------------------------------------------------------
 
 
-def _ns(us) -> int:
-    # Kineto writes "ts"/"dur" as microseconds with three decimals: integral ns
-    return round(float(us) * 1000)
+def us_to_ns(us) -> int:
+    """Kineto's "ts"/"dur" (microseconds: with three decimals, integral ns, in current
+    traces; whole, since the epoch, in older ones) as ns, exactly. ``float(us) * 1000`` is
+    not: past 2**53 ns (epoch microseconds, 1.7e18 ns) doubles are 256 ns apart, so a launch
+    sharing its op's end edge could end past it and leave the op. Whole microseconds are
+    taken as an integer and only a float's fraction is scaled: exact to the ns below 2**41
+    us, where current traces' times lie (about 1.4e12 us, from their baseTimeNanoseconds).
+    Anything but a finite number: ``ValueError``."""
+    if isinstance(us, bool) or not isinstance(us, (int, float)):
+        raise ValueError(f"{us!r} is not a number")
+    if isinstance(us, int):
+        return us * 1000
+    if not math.isfinite(us):
+        raise ValueError(f"{us!r} is not a finite number")
+    whole = math.floor(us)
+    return whole * 1000 + round((us - whole) * 1000)  # us - whole: exact (Sterbenz)
 
 
 def from_chrome_trace(trace: Mapping) -> tuple[list[HostEvent], list[DeviceActivity]]:
@@ -378,8 +392,8 @@ def from_chrome_trace(trace: Mapping) -> tuple[list[HostEvent], list[DeviceActiv
             continue
         kind = event.get("cat")
         args = event.get("args") or {}
-        start = _ns(event.get("ts", 0))
-        end = start + _ns(event.get("dur", 0))
+        start = us_to_ns(event.get("ts", 0))
+        end = start + us_to_ns(event.get("dur", 0))
         external = int(args.get("External id", 0))
         if kind in DEVICE_KINDS:
             device.append(DeviceActivity(
@@ -400,13 +414,17 @@ def from_chrome_trace(trace: Mapping) -> tuple[list[HostEvent], list[DeviceActiv
 
 def unlink_own_correlations(host: list, device: list) -> tuple[list, int, Optional[str]]:
     """Device records whose External id is their own correlation (the convention before
-    kineto PR#1001) with no link: kept only where the host op of that id encloses the
-    record's launch on the launch's thread (a real link, whose id happens to equal the
-    correlation). Returns the records, how many were unlinked, and the convention seen."""
+    kineto PR#1001) with no link: kept only where the host range of that id is the innermost
+    one (``cpu_op`` or ``user_annotation``) enclosing the record's launch on the launch's
+    thread, which is what a real link is (the innermost RecordFunction open at the launch);
+    an id that collides with a range that does not enclose the launch, or with an outer one
+    (a ``ProfilerStep#`` around everything), would charge the kernel to the wrong op.
+    Returns the records, how many were unlinked, and the convention seen."""
     if not device:
         return device, 0, None
     by_id = {e.id: e for e in host if e.id}
     launches = {e.correlation: e for e in host if e.kind in LAUNCH_KINDS and e.correlation}
+    nests: dict[int, _Nest] = {}  # launch thread -> its ranges with ids, built when needed
     out, unlinked, own, none = [], 0, 0, 0
     for activity in device:
         if not activity.external_id:
@@ -416,13 +434,27 @@ def unlink_own_correlations(host: list, device: list) -> tuple[list, int, Option
             anchor = by_id.get(activity.external_id)
             launch = launches.get(activity.correlation)
             if not (anchor is not None and launch is not None and
-                    anchor.thread == launch.thread and anchor.start_ns <= launch.start_ns
-                    and launch.end_ns <= anchor.end_ns):
+                    _innermost_is(nests, host, anchor, launch)):
                 activity = activity._replace(external_id=0)
                 unlinked += 1
         out.append(activity)
     convention = OLD_CONVENTION if own > none else NEW_CONVENTION
     return out, unlinked, convention
+
+
+def _innermost_is(nests: dict, host: list, anchor: HostEvent, launch: HostEvent) -> bool:
+    """Whether ``anchor`` is the innermost host range with an id enclosing ``launch`` (a
+    range of the same interval, nested in it, counts as the same place)."""
+    if anchor.thread != launch.thread or not (
+            anchor.start_ns <= launch.start_ns and launch.end_ns <= anchor.end_ns):
+        return False
+    nest = nests.get(launch.thread)
+    if nest is None:
+        nest = nests[launch.thread] = _Nest(
+            (e.start_ns, e.end_ns, e) for e in host
+            if e.id and e.thread == launch.thread and e.kind not in LAUNCH_KINDS)
+    k = nest.innermost(launch.start_ns, launch.end_ns)
+    return k >= 0 and (nest.starts[k], nest.ends[k]) == (anchor.start_ns, anchor.end_ns)
 
 
 def _activity_kind(event) -> str:

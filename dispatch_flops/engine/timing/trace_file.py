@@ -14,10 +14,13 @@ differs from what the live path records:
   (HTA's A100 trace: every one of its 7,747 device records). Read naively, such an id would
   be looked up among the host ops' ids and, where one collides, charge the kernel to an
   unrelated op. So a device record whose External id equals its correlation keeps it only
-  where the host op with that id encloses the record's launch on the launch's thread (what a
-  real link always does); otherwise it has no link and is placed by its launch.
+  where the host range with that id is the innermost one enclosing the record's launch on
+  the launch's thread (what a real link always is); otherwise it has no link and is placed
+  by its launch.
 - **Times** are microseconds with three decimals (integral ns) in current traces, whole
-  microseconds in older ones; either is read as ns.
+  microseconds since the epoch in older ones; either is read as ns exactly
+  (``kernels.us_to_ns``: through a double, 1.7e18 ns are 256 ns apart, enough to move a
+  launch that shares its op's end edge out of the op).
 - **Malformed files** raise ``TraceFileError`` (a ``ValueError``) naming what is wrong and what
   a valid file is.
 """
@@ -27,8 +30,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 from dispatch_flops.engine.timing.kernels import (  # noqa: F401 (the conventions: re-exported)
     DEVICE_KINDS,
@@ -39,6 +43,7 @@ from dispatch_flops.engine.timing.kernels import (  # noqa: F401 (the convention
     DeviceActivity,
     HostEvent,
     unlink_own_correlations,
+    us_to_ns,
 )
 
 PYTHON = "python_function"
@@ -117,10 +122,6 @@ class TraceFile:
     header: Mapping = field(default_factory=dict)
 
 
-def _ns(us: Any) -> int:
-    return round(float(us) * 1000)
-
-
 def load(source: Union[str, os.PathLike, Mapping, list]) -> tuple[str, dict]:
     """``(name, trace)``: a path read (gzip by its magic bytes, whatever its name), or a trace
     already loaded (a mapping, or the bare list of events the Chrome format also allows)."""
@@ -135,7 +136,8 @@ def load(source: Union[str, os.PathLike, Mapping, list]) -> tuple[str, dict]:
             with open(name, "rb") as f:
                 raw = f.read()
         except OSError as e:
-            raise TraceFileError(f"cannot read trace {name!r}: {e.strerror or e}") from None
+            raise TraceFileError(f"cannot read trace {name!r}: {e.strerror or e}; expected "
+                                 f"{WHAT_IS_VALID}") from None
         if raw[:2] == b"\x1f\x8b":
             try:
                 raw = gzip.decompress(raw)
@@ -184,16 +186,20 @@ def read(source: Union[str, os.PathLike, Mapping, list]) -> TraceFile:
         if event.get("ph") != "X":
             continue
         kind = event.get("cat")
+        label = str(event.get("name", ""))
+        module = kind == PYTHON and label.startswith(MODULE_PREFIX)
+        if kind not in DEVICE_KINDS and kind not in HOST_KINDS and not module:
+            continue  # what is not read is not checked either
         args = event.get("args") or {}
         if not isinstance(args, Mapping):
             args = {}
-        try:
-            start = _ns(event.get("ts", 0))
-            end = start + max(0, _ns(event.get("dur", 0)))
-        except (TypeError, ValueError):
-            raise TraceFileError(f"{name!r}: event {position} ({event.get('name')!r}) has "
-                                 f"ts/dur that are not numbers") from None
-        label = str(event.get("name", ""))
+        try:  # exactly: epoch microseconds through a double move edges (us_to_ns)
+            start = us_to_ns(event.get("ts"))
+            end = start + max(0, us_to_ns(event.get("dur", 0)))
+        except ValueError as e:
+            raise TraceFileError(f"{name!r}: event {position} ({label!r}) has a ts or dur that "
+                                 f"is not a number ({e}); expected {WHAT_IS_VALID}, its "
+                                 f"times in microseconds") from None
         thread = _int(event.get("tid"))
         external = _int(args.get("External id"))
         if kind in DEVICE_KINDS:
@@ -219,15 +225,16 @@ def read(source: Union[str, os.PathLike, Mapping, list]) -> TraceFile:
                     None if forward is None else _int(forward)))
             else:
                 annotations.append((label, thread, start, end))
-        elif kind == PYTHON and label.startswith(MODULE_PREFIX):
-            module = label[len(MODULE_PREFIX):]
-            modules.append(ModuleEvent(module, module.rpartition("_")[0] or module, thread,
+        else:  # a module's forward call (with_modules)
+            called = label[len(MODULE_PREFIX):]
+            modules.append(ModuleEvent(called, called.rpartition("_")[0] or called, thread,
                                        start, end))
     device, self_links, convention = unlink_own_correlations(host, device)
     props = trace.get("deviceProperties") or ()
     props = tuple(p for p in props if isinstance(p, Mapping)) if isinstance(props, list) else ()
-    dist = trace.get("distributedInfo") if isinstance(trace.get("distributedInfo"), Mapping) \
-        else {}
+    dist = trace.get("distributedInfo")
+    if not isinstance(dist, Mapping):
+        dist = {}
     header = {k: v for k, v in trace.items() if k != "traceEvents"}
     return TraceFile(
         source=name, host=tuple(host), device=tuple(device), ops=tuple(ops),
