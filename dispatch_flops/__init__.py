@@ -75,6 +75,7 @@ from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: 
 from dispatch_flops.workflows.paper import PaperTable, paper_table
 from dispatch_flops.workflows.repeat import measure, profile  # noqa: F401 (profile: deprecated)
 from dispatch_flops.workflows.throughput import StepTiming, ThroughputMeter, ThroughputReading
+from dispatch_flops.workflows.traces import from_trace
 
 __version__ = "0.1.0"
 
@@ -91,6 +92,8 @@ __all__ = [
     "Activations",
     "measure",
     "human",
+    # a recorded torch.profiler trace, priced offline
+    "from_trace",
     # the vocabularies
     "Phase",
     "Category",

@@ -304,9 +304,14 @@ class _Progress:
 # -- main -------------------------------------------------------------------------------------
 def main(argv=None) -> None:
     """The command: every error is one line on stderr and a non-zero exit (2: the command
-    line; 1: the model, its run or a file; 130: interrupted), never a traceback."""
+    line; 1: the model, its run or a file; 130: interrupted), never a traceback.
+    ``dispatch-flops trace FILE`` prices a recorded trace instead (``_trace``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        _main(argv)
+        if argv[:1] == ["trace"]:
+            _trace(argv[1:])
+        else:
+            _main(argv)
     except KeyboardInterrupt:
         print("dispatch-flops: interrupted", file=sys.stderr)
         sys.exit(130)
@@ -399,6 +404,87 @@ def _main(argv) -> None:
     if args.deepspeed:
         print()
         _deepspeed(model, inputs, step, args, device)
+
+
+TRACE_EXAMPLES = """\
+examples:
+  dispatch-flops trace run.pt.trace.json.gz
+  dispatch-flops trace run.json --depth 3 --ops 10 --json priced.json
+
+FILE is a Chrome trace torch.profiler wrote (prof.export_chrome_trace(path), or
+tensorboard_trace_handler), JSON or .json.gz, recorded with record_shapes=True (and
+with_modules=True for the module tree). Each recorded aten op is priced from its recorded
+shapes by the same formulas as a live count; kernel time comes from the trace's own kernels;
+the device is the trace's. Ops that cannot be priced are listed with the reason.
+"""
+
+
+def _trace_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dispatch-flops trace",
+        description="Price a torch.profiler trace offline: flops, MACs and bytes of every "
+                    "recorded op, by module, with its kernels' time, achieved TFLOP/s and "
+                    "roofline on the trace's device.",
+        epilog=TRACE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", metavar="FILE", help="the trace (JSON, plain or .gz)")
+    parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
+    parser.add_argument("--ops", type=int, default=10,
+                        help="ops in the roofline table, most time first (default 10; 0: none)")
+    parser.add_argument("--width", type=int,
+                        help="table width in characters (default: the terminal's, else 100)")
+    parser.add_argument("--json", metavar="PATH", help="write the priced run as JSON (to_json)")
+    parser.add_argument("--csv", metavar="PATH", help="write module x phase x op rows as CSV")
+    return parser
+
+
+def _trace(argv) -> None:
+    from dispatch_flops import device_spec, from_trace
+    from dispatch_flops.views.text import roofline_table
+
+    parser = _trace_parser()
+    args = parser.parse_args(argv)
+    if args.depth < 0:
+        parser.error("--depth must be >= 0")
+    if args.ops < 0:
+        parser.error("--ops must be >= 0")
+    if args.width is not None and args.width < 40:
+        parser.error("--width must be >= 40")
+    for option in ("json", "csv"):
+        path = getattr(args, option)
+        if path is not None and (not path.strip() or not _writable(path)):
+            parser.error(f"--{option} {path!r}: cannot write there"
+                         + (f" ({_why_not(path)})" if path.strip() else ""))
+    start = time.perf_counter()
+    try:
+        p = from_trace(args.file)
+    except ValueError as e:
+        _fail(str(e))
+    width = args.width or terminal_width()
+    run = p.run
+    where = run.device_name or "no device records"
+    header = (f"{args.file}: {where}, {sum(1 for _ in p.rows)} rows priced in "
+              f"{time.perf_counter() - start:.2f} s")
+    print(_fitted_header(header, width) + "\n")
+    print(p.table(depth=args.depth, width=width))
+    spec = device_spec(run.device_name) if run.device_name else None
+    if spec is None and run.device_name:
+        print(f"\nNo built-in peaks for {run.device_name!r}: no roofline or MFU "
+              "(docs/peaks.md lists the devices)")
+    if spec is not None and run.timing:
+        roofs = p.roofline_by_operator(spec)
+        priced = {name: roofs[name] for name, _ in p.top_ops_by_time(len(roofs))
+                  if name in roofs and roofs[name].attainable_s > 0}  # flops or bytes known
+        top = dict(list(priced.items())[:args.ops])
+        if top:
+            print("\n" + roofline_table(top, "Op", spec.name, True, width))
+        print(f"\n{p.mfu_text(spec)}\n{p.hfu_text(spec)}")
+    for path, write in ((args.json, p.to_json), (args.csv, p.to_csv)):
+        if path:
+            try:
+                write(path)
+            except OSError as e:
+                _fail(f"cannot write {path}: {e.strerror or e}")
+            print(f"wrote {path}", file=sys.stderr)
 
 
 def _fitted_header(header: str, width: int) -> str:

@@ -262,7 +262,7 @@ def test_innermost_matches_a_brute_force_search(cuts, start, length):
             if stack:
                 intervals.append((stack.pop(), t, len(intervals)))
                 t += 1
-    nest = K._Nest(intervals)
+    nest = K.Nest(intervals)
     end = start + length
     found = nest.innermost(start, end)
     containing = [i for i in intervals if i[0] <= start and end <= i[1]]

@@ -492,7 +492,7 @@ def _footer(counter, by_phase, names: list, modules: dict, shown: set) -> list:
     else:
         lines.append("Unsupported ops: none")
     for error in counter.run.pricing_errors:
-        lines.append(f"Formula failed (its calls reported unsupported): {error}")
+        lines.append(f"Not priced (its calls reported unsupported): {error}")
     unvalued = counter.run.unvalued_masks
     if unvalued:
         lines.append(f"Model flops keep every pair of {unvalued} attention call"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import textwrap
 from statistics import mean
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, cast
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, TypeVar, cast
 
 from tabulate import tabulate
 
@@ -232,6 +232,21 @@ def _roofline_text(roof, rows: list, first: str, timed: bool,
                              "bytes / bandwidth); Compute, Memory: the time of the ops on "
                              "each roof (Attainable is their sum); bound: the larger"], fit)
                       + [table] + _prose([repr(roof)], fit))
+
+
+def roofline_table(rooflines: Mapping[str, Roofline], first: str, device: str, timed: bool,
+                   width: Optional[int] = None) -> str:
+    """``rooflines`` (a label each: an op, a module) as a roofline table on ``device``: per
+    part flops per byte, compute, memory and attainable times, the bound and, ``timed``, the
+    measured time and attainable / measured."""
+    rows = [_roofline_cells(label, r, timed) for label, r in rooflines.items()]
+    headers = [first, "FLOP/B", "Compute", "Memory", "Attainable", "Bound"]
+    if timed:
+        headers += ["Measured", "Efficiency"]
+    fit = check_width(width)
+    return "\n".join(_prose([f"{device}: attainable = max(flops / peak, bytes / bandwidth); "
+                             "efficiency = attainable / measured"], fit)
+                      + [_fitted(headers, rows, fit, ("FLOP/B", "Measured"))])
 
 
 @_escaped

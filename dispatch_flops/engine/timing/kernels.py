@@ -152,7 +152,7 @@ class KernelJoin:
         return self.attributed_ns / self.device_ns if self.device_ns else 1.0
 
 
-class _Nest:
+class Nest:
     """One thread's intervals (properly nested: a RecordFunction stack), answering "the
     innermost one containing [start, end]" in O(log n + depth)."""
 
@@ -270,10 +270,10 @@ def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
         first, last = marks.get(start), marks.get(end)
         if first is not None and last is not None and first[0] == last[0]:
             calls[first[0]].append((first[1], last[1], key))
-    op_nests = {t: _Nest(v) for t, v in ops.items()}
-    call_nests = {t: _Nest(v) for t, v in calls.items()}
-    range_nests = {t: _Nest(v) for t, v in ranges.items()}
-    replay_nests = {t: _Nest(v) for t, v in replays.items()}
+    op_nests = {t: Nest(v) for t, v in ops.items()}
+    call_nests = {t: Nest(v) for t, v in calls.items()}
+    range_nests = {t: Nest(v) for t, v in ranges.items()}
+    replay_nests = {t: Nest(v) for t, v in replays.items()}
 
     op_ns: dict[int, int] = defaultdict(int)
     op_kernels: dict[int, int] = defaultdict(int)
@@ -342,7 +342,7 @@ def join(host: Sequence[HostEvent], device: Sequence[DeviceActivity],
         graph_replays=len(graph_launches))
 
 
-def _phase(nest: Optional[_Nest], start: int, end: int, in_call: bool) -> str:
+def _phase(nest: Optional[Nest], start: int, end: int, in_call: bool) -> str:
     """The phase a launch outside every op ran in: inside autograd's evaluation of a node,
     backward; inside an optimizer's step, optimizer; inside a module call, forward."""
     if nest is not None:
@@ -424,7 +424,7 @@ def unlink_own_correlations(host: list, device: list) -> tuple[list, int, Option
         return device, 0, None
     by_id = {e.id: e for e in host if e.id}
     launches = {e.correlation: e for e in host if e.kind in LAUNCH_KINDS and e.correlation}
-    nests: dict[int, _Nest] = {}  # launch thread -> its ranges with ids, built when needed
+    nests: dict[int, Nest] = {}  # launch thread -> its ranges with ids, built when needed
     out, unlinked, own, none = [], 0, 0, 0
     for activity in device:
         if not activity.external_id:
@@ -450,7 +450,7 @@ def _innermost_is(nests: dict, host: list, anchor: HostEvent, launch: HostEvent)
         return False
     nest = nests.get(launch.thread)
     if nest is None:
-        nest = nests[launch.thread] = _Nest(
+        nest = nests[launch.thread] = Nest(
             (e.start_ns, e.end_ns, e) for e in host
             if e.id and e.thread == launch.thread and e.kind not in LAUNCH_KINDS)
     k = nest.innermost(launch.start_ns, launch.end_ns)
