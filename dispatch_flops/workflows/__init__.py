@@ -2,4 +2,5 @@
 ``generate()`` cut into prefill and decode steps (``generation``), a run gathered from
 every rank (``distributed``), a pipeline stage's transfers and actions told apart
 (``pipeline``), and tokens/s and MFU of a training loop timed on steps that are not counted
-(``throughput.ThroughputMeter``)."""
+(``throughput.ThroughputMeter``), and a recorded torch.profiler trace priced offline
+(``traces.from_trace``)."""
