@@ -286,3 +286,15 @@ def test_the_command_line_prices_a_trace(capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["trace", str(tmp_path / "nope.json")])
     assert "cannot read trace" in str(exc.value.code)  # sys.exit(message): status 1
+
+
+def test_an_int_list_never_picks_a_names_overload():
+    """sum's recorded ['float', 'ScalarList', 'Scalar', ''] fit dim_IntList, never
+    dim_DimnameList (a list of names, which torch 2.8 still has): a composite, which the
+    pricing would walk into and lose the sum."""
+    from dispatch_flops.engine.timing.trace_file import OpEvent
+    from dispatch_flops.workflows.traces import _overload
+
+    op = OpEvent(0, "aten::sum", 1, 0, 1, dims=((2, 16), (), (), ()),
+                 types=("float", "ScalarList", "Scalar", ""), concrete=("", "[-1]", "False", ""))
+    assert _overload(torch.ops.aten.sum, op) is torch.ops.aten.sum.dim_IntList

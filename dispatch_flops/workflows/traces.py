@@ -453,6 +453,10 @@ def _composite(overload) -> bool:
         return False
 
 
+_NUMBERS = frozenset(("IntType", "FloatType", "BoolType", "NumberType", "SymIntType",
+                      "SymFloatType", "SymBoolType", "ComplexType"))
+
+
 def _kind(t) -> tuple[str, bool]:
     """(what an argument of JIT type ``t`` holds, whether None is allowed)."""
     optional = t.kind() == "OptionalType"
@@ -465,9 +469,11 @@ def _kind(t) -> tuple[str, bool]:
         inner = t.getElementType()
         if inner.kind() == "OptionalType":
             inner = inner.getElementType()
-        return ("tensors" if inner.kind() == "TensorType" else "scalars"), optional
-    if kind in ("IntType", "FloatType", "BoolType", "NumberType", "SymIntType",
-                "SymFloatType", "SymBoolType", "ComplexType"):
+        if inner.kind() == "TensorType":
+            return "tensors", optional
+        # a list of numbers; a list of names (Dimname[]: sum.dim_DimnameList) is no ScalarList
+        return ("scalars" if inner.kind() in _NUMBERS else "other"), optional
+    if kind in _NUMBERS:
         return "scalar", optional
     return "other", optional  # str, Device, Generator, Dimname...: recorded as ""
 
