@@ -312,8 +312,9 @@ def _chosen(columns, available: list, run) -> list:
 def _fitted(run, names: list, chosen: list, width: int, ops: int, droppable: bool = True
             ) -> tuple[str, list]:
     """The table of ``chosen`` columns narrowed to ``width``, and the columns it kept:
-    headers abbreviated, op rows' names cut to the modules' (a long op name must not cost
-    the figures), then (``droppable``) columns dropped, then every name shortened."""
+    headers abbreviated, op rows' names cut by what is too wide, never below the modules'
+    (a long op name must not cost the figures), then (``droppable``) columns dropped, then
+    every name shortened."""
     limit = None
     short = False
     chosen = list(chosen)
@@ -324,9 +325,11 @@ def _fitted(run, names: list, chosen: list, width: int, ops: int, droppable: boo
         if not short:
             short = True
             continue
-        if ops and limit is None:
-            limit = max([12] + [len(label) for label in _labels(
+        if ops and limit is None:  # op names cut by the excess only, not below the modules'
+            floor = max([12] + [len(label) for label in _labels(
                 names, run.profile.root_label, None).values()])
+            labels = [row[0] for row in _rows(run, names, chosen, None, ops, ops_only=True)]
+            limit = max(floor, max(map(len, labels)) - (_widest(text) - width))
             continue
         dropping = [c.priority for c in chosen if c.priority > 2] if droppable else []
         if dropping:  # columns of one priority go together (forward and backward)
