@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
+import torch
 from torch import nn
 
 from dispatch_flops.counter import FlopCounter
@@ -21,7 +22,7 @@ from dispatch_flops.results.stats import check_int
 
 def measure(
     model: Optional[nn.Module],
-    args: tuple = (),
+    args: Union[tuple, torch.Tensor] = (),
     kwargs: Optional[dict] = None,
     *,
     warmup: int = 1,
@@ -35,6 +36,10 @@ def measure(
 
     >>> fc = measure(model, (x,), warmup=2, repeat=10)
     >>> fc.by_module()["layers.0"].latency_s, fc.mfu(device)
+    ``args`` is the tuple of positional arguments, as ``model(*args)``; one tensor alone is
+    taken as ``(x,)`` (as ``paper_table``'s inputs: a tensor is never a tuple of arguments,
+    where unpacked it would call the model with each of its rows); anything else that is
+    not a tuple or list is a ``TypeError`` (a dict of keyword arguments: ``kwargs=``).
     ``fn`` may run a whole training step (``fn=lambda x: model(x).sum().backward()``);
     ``options`` go to ``FlopCounter`` (``attention=...``, ``trace=True``: the timeline is the
     first timed run's). ``progress(stage, done, total)``, when given, is called after every
@@ -47,6 +52,10 @@ def measure(
     call = fn if fn is not None else model
     if not callable(call):
         raise ValueError("measure needs a callable: pass a model, or fn=... with model=None")
+    args = _positional(args)
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"measure(model, args, kwargs): kwargs is a dict of keyword arguments, "
+                        f"got {type(kwargs).__name__}")
     kwargs = kwargs or {}
     for done in range(1, warmup + 1):
         call(*args, **kwargs)
@@ -60,6 +69,17 @@ def measure(
         if progress is not None:
             progress("timed run", done, repeat)
     return runs[0].with_medians(runs)
+
+
+def _positional(args) -> tuple:
+    """``args`` as the tuple ``model(*args)`` unpacks: one tensor alone is ``(x,)``."""
+    if isinstance(args, torch.Tensor):
+        return (args,)
+    if isinstance(args, (tuple, list)):
+        return tuple(args)
+    hint = " (keyword arguments go in kwargs=)" if isinstance(args, dict) else ""
+    raise TypeError(f"measure(model, args): args is a tuple of the model's positional "
+                    f"arguments, e.g. (x,) or (x, mask), got {type(args).__name__}{hint}")
 
 
 def profile(*args, **kwargs) -> Profile:
