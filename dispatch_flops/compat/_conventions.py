@@ -12,6 +12,7 @@ built on it are private to the drop-ins, so that reading never meets a user's vi
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Optional
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.formulas import REGISTRY, Category, Cost, Entry, Registry
+from dispatch_flops.workflows.untouched import Untouched, composites_whole
 
 
 class PeerRegistry(Registry):
@@ -58,21 +60,25 @@ def numel(shape) -> int:
 
 
 def run_forward(model: nn.Module, call: Callable[[], Any], registry: Optional[Registry], *,
-                inference: bool = True, eval_mode: bool = True) -> FlopCounter:
-    """Count ``call()`` (the model's forward) under a counter on ``registry``, as the peers run
-    it: in eval mode (``eval_mode``), without grad, and under ``inference_mode`` when
-    ``inference`` (composite ops are then seen whole: ``aten.linear``, ``aten.batch_norm``, the
-    level jit traces and module hooks see). Every module's train flag is restored."""
-    flags = [(m, m.training) for m in model.modules()]
-    grad = torch.inference_mode() if inference else torch.no_grad()
-    try:
+                inputs: Any = (), rules: Optional["ModuleRules"] = None, inference: bool = True,
+                eval_mode: bool = True, grad: bool = False) -> FlopCounter:
+    """Count ``call()`` (the model's forward, and its backward with ``grad``) under a counter
+    on ``registry``, as the peers run it: in eval mode (``eval_mode``), without grad unless
+    ``grad``, and with composite ops seen whole when ``inference`` (``aten.linear``,
+    ``aten.batch_norm``: the level jit traces and module hooks see; no inference tensor is
+    made). ``rules`` (a peer's module rules) are installed around the call. The model and
+    the leaf tensors of ``inputs`` are given back as they were found (``Untouched``: train
+    flags, hooks, attributes, buffers, gradients, RNG), whatever ends the call."""
+    with Untouched(model, inputs):
         if eval_mode:
             model.eval()
-        with grad, FlopCounter(model, registry=registry) as counter:
+        if grad:
+            modes: Any = torch.enable_grad()
+        else:
+            modes = composites_whole() if inference else torch.no_grad()
+        with rules if rules is not None else contextlib.nullcontext(), modes, \
+                FlopCounter(model, registry=registry) as counter:
             call()
-    finally:
-        for module, flag in flags:
-            module.training = flag
     return counter
 
 
@@ -134,7 +140,9 @@ class ModuleRules:
     def outermost(self) -> list:
         """Names of ruled modules not inside another ruled module."""
         names = sorted(self.modules)
-        return [n for n in names if not any(n.startswith(o + ".") for o in names if o != n)]
+        # the root ("") holds every other name: a rule on the model's class replaces them all
+        return [n for n in names
+                if not any(o == "" or n.startswith(o + ".") for o in names if o != n)]
 
     def covers(self, stack) -> bool:
         """Whether a record with this module stack ran inside a ruled module."""

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from dispatch_flops.compat._conventions import run_forward
 from dispatch_flops.counter import FlopCounter
 
 FORWARD_MODES = ("forward", "generate")
@@ -111,7 +112,7 @@ def calculate_flops(model: nn.Module, input_shape=None, transformer_tokenizer=No
     ``forward_mode="generate"`` profiles ``model.generate``. ``ignore_modules`` only hides
     modules from the printout (their work stays in their parent, as in calflops);
     ``is_sparse`` scales each module's own MACs by its trainable parameters' nonzero share.
-    The model's train flags are restored.
+    The model is given back as it was found: train flags, gradients, buffers, hooks, RNG.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -139,23 +140,20 @@ def calculate_flops(model: nn.Module, input_shape=None, transformer_tokenizer=No
     if not args and not kwargs:
         raise ValueError("give the model's inputs: input_shape, args or kwargs")
     run: Any = model if forward_mode == "forward" else model.generate
-    flags = [(m, m.training) for m in model.modules()]
-    grads = [(p, p.grad) for p in model.parameters()]
-    try:
-        model.eval()
-        with torch.set_grad_enabled(include_backPropagation), FlopCounter(model) as counter:
-            output = run(*args, **kwargs)
-            if include_backPropagation:
-                loss = _outputs_sum(output)
-                if loss is None:
-                    raise ValueError("include_backPropagation needs an output with a "
-                                     "floating-point tensor that requires grad")
-                loss.backward()
-    finally:
-        for module, flag in flags:
-            module.training = flag
-        for parameter, grad in grads:  # backward's gradients are not the user's
-            parameter.grad = grad
+
+    def call() -> None:
+        output = run(*args, **kwargs)
+        if include_backPropagation:
+            loss = _outputs_sum(output)
+            if loss is None:
+                raise ValueError("include_backPropagation needs an output with a "
+                                 "floating-point tensor that requires grad")
+            loss.backward()
+
+    # the model and the inputs given back as found: gradients (backward's are not the
+    # user's), buffers, flags, RNG (compat._conventions.run_forward)
+    counter = run_forward(model, call, None, inputs=(args, kwargs), inference=False,
+                          grad=include_backPropagation)
     macs = _sparse_macs(model, counter) if is_sparse else counter.total.macs
     flops = 2 * macs
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -13,9 +13,9 @@ fvcore's unit is kept: one "flop" is one multiply-accumulate (a MAC; fvcore#69),
 for the few other ops it prices (a batch norm is 1 an element, 2 with an affine in eval and
 4 or 5 in training; group, layer and instance norms 4 or 5; bilinear upsampling 4 an output;
 adaptive average pooling 1 an input). Ops are named as fvcore's jit trace names them
-(``"linear"``, ``"conv"``, ``"matmul"``, ``"einsum"``, ``"batch_norm"``): the model runs under
-``torch.inference_mode()``, where composite ops reach the counter whole, at the level a trace
-records them. What fvcore has no handle for but is contraction work (attention kernels,
+(``"linear"``, ``"conv"``, ``"matmul"``, ``"einsum"``, ``"batch_norm"``): the model runs below
+autograd's kernels (``workflows.untouched.composites_whole``), where composite ops reach the
+counter whole, at the level a trace records them, and is given back as it was found. What fvcore has no handle for but is contraction work (attention kernels,
 ``baddbmm``, recurrent kernels) is counted under its own name where fvcore would report it
 unsupported (docs/migrating.md lists the differences).
 
@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from dispatch_flops.compat._conventions import PeerRegistry, run_forward
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.formulas import Category
+from dispatch_flops.workflows.untouched import composites_whole
 
 # fvcore's handle: (inputs, outputs) of a jit node -> a number, or a Counter {name: number}
 Handle = Callable[[List[Any], List[Any]], Any]
@@ -173,7 +174,7 @@ class _EngineMacs:
                 kwargs[schema[i].name] = _materialise(value)
             else:
                 args.append(_materialise(value))
-        with torch.inference_mode(), FlopCounter() as counter:
+        with composites_whole(), FlopCounter() as counter:
             packet(*args, **kwargs)
         return counter.total.macs
 
@@ -467,7 +468,8 @@ class JitModelAnalysis:
         with warnings.catch_warnings():
             if self._warn_trace == "none":
                 warnings.simplefilter("ignore")
-            counter = run_forward(self._model, self._call, registry, eval_mode=False)
+            counter = run_forward(self._model, self._call, registry, inputs=self._inputs,
+                                  eval_mode=False)
             records = counter.records()
         counts: Dict[str, typing.Counter[str]] = {}
         unsupported: Dict[str, typing.Counter[str]] = {}

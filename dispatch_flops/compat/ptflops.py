@@ -19,6 +19,7 @@ op packets. docs/migrating.md lists the differences.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import traceback
@@ -116,6 +117,9 @@ def _pytorch_conventions() -> PeerRegistry:
     registry.figure(aten.group_norm, _norm(2))
     registry.figure(aten.layer_norm, _norm(None))
     return registry
+
+
+_PYTORCH_CONVENTIONS = functools.lru_cache(maxsize=1)(_pytorch_conventions)
 
 
 def _aten_conventions(ignored: list, hooks: dict) -> PeerRegistry:
@@ -259,13 +263,13 @@ def get_model_complexity_info(
 
     try:
         if backend is FLOPS_BACKEND.ATEN:
-            counter = run_forward(model, call, _aten_conventions(ignore, hooks), inference=False)
+            counter = run_forward(model, call, _aten_conventions(ignore, hooks), inputs=batch,
+                                  inference=False)
             rules = None
             macs = float(sum(r.stats.macs for r in counter.records()))
         else:
             rules = ModuleRules(model, hooks, "__flops__")
-            with rules:
-                counter = run_forward(model, call, _pytorch_conventions())
+            counter = run_forward(model, call, _PYTORCH_CONVENTIONS(), inputs=batch, rules=rules)
             macs = _pytorch_macs(model, counter, rules, tuple(ignore),
                                  bool(config.get("count_functional", True)))
     except Exception as error:  # ptflops' contract: report it, return (None, None)

@@ -25,6 +25,7 @@ counts to the rule's). docs/migrating.md lists the differences.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from typing import Optional
@@ -141,6 +142,9 @@ def conventions() -> PeerRegistry:
     return registry
 
 
+_CONVENTIONS = functools.lru_cache(maxsize=1)(conventions)  # one registry, every call
+
+
 def _call(model: nn.Module, inputs) -> None:
     if isinstance(inputs, dict):
         model(**inputs)
@@ -168,12 +172,12 @@ def profile(model: nn.Module, inputs, custom_ops: Optional[dict] = None, verbose
                         f"{type(inputs).__name__}")
     rules = ModuleRules(model, dict(custom_ops or {}), "total_ops",
                         start=lambda: torch.zeros(1, dtype=torch.float64))
-    with rules:
-        if verbose:
-            for kind in sorted({type(m) for m in rules.modules.values()}, key=str):
-                rule = rules.rule_of(next(m for m in rules.modules.values() if type(m) is kind))
-                print(f"[INFO] Customize rule {getattr(rule, '__qualname__', rule)}() {kind}.")
-        counter = run_forward(model, lambda: _call(model, inputs), conventions())
+    if verbose:
+        for kind in sorted({type(m) for m in model.modules() if rules.rule_of(m)}, key=str):
+            rule = rules.rule_of(next(m for m in model.modules() if type(m) is kind))
+            print(f"[INFO] Customize rule {getattr(rule, '__qualname__', rule)}() {kind}.")
+    counter = run_forward(model, lambda: _call(model, inputs), _CONVENTIONS(), inputs=inputs,
+                          rules=rules)
     if report_missing:
         for op in counter.unsupported_ops():
             print(f"[WARN] Cannot find rule for {op}. Treat it as zero Macs.")

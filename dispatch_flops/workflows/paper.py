@@ -25,6 +25,7 @@ from torch import nn
 
 from dispatch_flops.counter import FlopCounter
 from dispatch_flops.views import paper_table as paper_text
+from dispatch_flops.workflows.untouched import Untouched
 
 STEPS = ("forward", "train")
 
@@ -94,11 +95,10 @@ def _loss(output: Any) -> Optional[torch.Tensor]:
 
 
 def _count(model: nn.Module, inputs: Any, step: str) -> FlopCounter:
-    flags = [(m, m.training) for m in model.modules()]
-    grads = [(p, p.grad) for p in model.parameters()]
     args, kwargs = ((), dict(inputs)) if isinstance(inputs, Mapping) else (
         (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((inputs,), {}))
-    try:
+    # the step's gradients, BatchNorm's statistics, dropout's draws are not the user's
+    with Untouched(model, (args, kwargs)):
         if step == "forward":
             model.eval()
             with torch.no_grad(), FlopCounter(model) as counter:
@@ -112,20 +112,16 @@ def _count(model: nn.Module, inputs: Any, step: str) -> FlopCounter:
                                      f"tensor that requires grad; {type(model).__name__}'s has "
                                      f"none")
                 loss.backward()
-    finally:
-        for module, flag in flags:
-            module.training = flag
-        for parameter, grad in grads:  # the step's gradients are not the user's
-            parameter.grad = grad
     return counter
 
 
 def paper_table(models: Mapping[str, Sequence], *, step: str = "forward") -> PaperTable:
     """Count each ``name: (model, inputs)`` (inputs: a tensor, a tuple of positional
     arguments or a dict of keyword arguments) once: ``step="forward"`` in eval mode without
-    grad, ``"train"`` forward and backward of the outputs' sum in train mode (the
-    parameters' gradients left as they were). Meta-device models and inputs count from
-    shapes alone. Train flags are restored.
+    grad, ``"train"`` forward and backward of the outputs' sum in train mode. The model is
+    given back as it was found (``workflows.untouched``: gradients, BatchNorm's statistics,
+    the RNG dropout drew from, train flags, hooks). Meta-device models and inputs count from
+    shapes alone.
 
     >>> paper_table({"small": (small, x), "large": (large, x)}, step="train").to_latex()
     """

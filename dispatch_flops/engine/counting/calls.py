@@ -368,7 +368,7 @@ class Resolved:
         self.out_in_signature = out_in_signature or communicates
         self.signed = collective_signature if communicates else output_signature
         # for a composite op (seen whole under inference_mode): prices a call by counting
-        # its decomposition (``CountingMode._decomposed``); None for every other op
+        # its decomposition (``mode._decomposed``); None for every other op
         self.decompose = None
         # counts the masked (query, key) pairs of an attention op's mask tensor into the
         # call's record (``engine.masks``); None for every op that takes no mask

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from bisect import bisect_right
 from collections import OrderedDict
 from functools import partial
@@ -108,6 +109,56 @@ def _call_entry(shared: OrderedDict, sig: tuple, resolved, args, kwargs, out) ->
     is there. Pure data (shapes, ints), never a tensor. Called when a record is made, never
     per op: a record, once made, holds its signature."""
     return remembered(shared, sig, lambda: _work_out(resolved, args, kwargs, out))
+
+
+def _decomposed(registry_ref, func, signature: Signature, args, kwargs) -> None:
+    """Price ``signature`` (a call of composite op ``func`` with ``args``) by what its
+    decomposition counts: the composite's kernel run on fake copies of the tensors (same
+    shapes, dtypes and device, no data), under a counting mode of its own, as no_grad would
+    run it. Its bytes stay the composite's
+    own (inputs read, outputs written: what a fused kernel would move). A decomposition
+    that fails leaves the call priced by the op's formula, or unsupported."""
+    from dispatch_flops.engine.torch_private import FakeTensorMode
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake.cache_enabled = False  # torch's cache is process-wide: an entry per shape, kept
+
+    def to_fake(v):
+        if isinstance(v, Tensor):
+            return fake.from_tensor(v)
+        return [to_fake(x) for x in v] if v.__class__ in (list, tuple) else v
+
+    registry = registry_ref()
+    if registry is None:  # the registry is gone: so is every counter resolving with it
+        return
+    inner = CountingMode(registry)
+    try:
+        # every other mode off: this fake run's ops are not the user's (a counter below
+        # this one would count them)
+        with _disable_current_modes():
+            fake_args = [to_fake(a) for a in args]
+            fake_kwargs = {k: to_fake(v) for k, v in (kwargs or {}).items()}
+            with torch.no_grad(), fake, inner:  # fake tensors keep the device: same kernels
+                # the C++ composite kernel, as eager runs it (``decompose`` would prefer a
+                # Python decomposition registered for tracing, which may differ)
+                func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
+                            **fake_kwargs)
+        totals = dict.fromkeys(("flops", "macs", "masked_flops", "masked_macs"), 0)
+        for key, rec in inner.state.forward_acc.items():
+            if rec[SIGNATURE] is not None:
+                op = key if key.__class__ is int else key[0]
+                unit = dict(zip(PRICED, rec[SIGNATURE].unit(inner.resolved[op])))
+                for name in totals:
+                    totals[name] += rec[CALLS] * unit[name]
+                if len(rec) > TALLY:  # a tally's hardware-only share (dropout's noise)
+                    tally = rec[TALLY]
+                    masked = tally.read()[0]  # over every call already
+                    totals["masked_flops"] += masked * tally.flops_rate
+                    totals["masked_macs"] += masked * tally.macs_rate
+    except Exception:  # data-dependent, or a kernel meta cannot run: the formula prices
+        return
+    # the masked share too (an is_causal SDPA's): model flops as the kernel's own call has
+    signature.set_cost(**totals)
 
 
 class CountingMode(TorchDispatchMode):
@@ -363,55 +414,12 @@ class CountingMode(TorchDispatchMode):
             resolved.signed = _keyword_signature
         if _decomposable(func, entry):
             resolved.category, resolved.kind = Category.EXACT, FORMULA
-            resolved.decompose = partial(self._decomposed, func)
+            # the registry weakly: a resolution lives in the engine's cache for the registry,
+            # kept weakly by it; a strong reference back would keep each registry (a drop-in
+            # builds one a call) and its ledgers as long as the process (issue 56)
+            resolved.decompose = partial(_decomposed, weakref.ref(self.registry), func)
         self.resolved[id(func)] = resolved
         return resolved
-
-    def _decomposed(self, func, signature: Signature, args, kwargs) -> None:
-        """Price ``signature`` (a call of composite op ``func`` with ``args``) by what its
-        decomposition counts: the composite's kernel run on fake copies of the tensors (same
-        shapes, dtypes and device, no data), under a counting mode of its own, as no_grad would
-        run it. Its bytes stay the composite's
-        own (inputs read, outputs written: what a fused kernel would move). A decomposition
-        that fails leaves the call priced by the op's formula, or unsupported."""
-        from dispatch_flops.engine.torch_private import FakeTensorMode
-
-        fake = FakeTensorMode(allow_non_fake_inputs=True)
-        fake.cache_enabled = False  # torch's cache is process-wide: an entry per shape, kept
-
-        def to_fake(v):
-            if isinstance(v, Tensor):
-                return fake.from_tensor(v)
-            return [to_fake(x) for x in v] if v.__class__ in (list, tuple) else v
-
-        inner = CountingMode(self.registry)
-        try:
-            # every other mode off: this fake run's ops are not the user's (a counter below
-            # this one would count them)
-            with _disable_current_modes():
-                fake_args = [to_fake(a) for a in args]
-                fake_kwargs = {k: to_fake(v) for k, v in (kwargs or {}).items()}
-                with torch.no_grad(), fake, inner:  # fake tensors keep the device: same kernels
-                    # the C++ composite kernel, as eager runs it (``decompose`` would prefer a
-                    # Python decomposition registered for tracing, which may differ)
-                    func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *fake_args,
-                                **fake_kwargs)
-            totals = dict.fromkeys(("flops", "macs", "masked_flops", "masked_macs"), 0)
-            for key, rec in inner.state.forward_acc.items():
-                if rec[SIGNATURE] is not None:
-                    op = key if key.__class__ is int else key[0]
-                    unit = dict(zip(PRICED, rec[SIGNATURE].unit(inner.resolved[op])))
-                    for name in totals:
-                        totals[name] += rec[CALLS] * unit[name]
-                    if len(rec) > TALLY:  # a tally's hardware-only share (dropout's noise)
-                        tally = rec[TALLY]
-                        masked = tally.read()[0]  # over every call already
-                        totals["masked_flops"] += masked * tally.flops_rate
-                        totals["masked_macs"] += masked * tally.macs_rate
-        except Exception:  # data-dependent, or a kernel meta cannot run: the formula prices
-            return
-        # the masked share too (an is_causal SDPA's): model flops as the kernel's own call has
-        signature.set_cost(**totals)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path: runs for every aten op. Keep it flat (no helper calls in the common
