@@ -177,9 +177,9 @@ def test_no_inference_tensor_is_left_for_the_model_to_keep(name):
 
 @pytest.mark.parametrize("name", ["thop", "fvcore", "ptflops"])
 def test_counting_state_is_not_kept_per_call(name):
-    """20 calls keep no registry (nor the engine cache and ledgers under it) alive (e85fa8b: each thop or fvcore
-    call kept its registry, and the model's ledger under it, as long as the model: one more
-    ``PeerRegistry`` a call)."""
+    """20 calls keep no registry (nor the engine cache and ledgers under it) alive
+    (e85fa8b: each thop or fvcore call kept its registry, and the model's ledger under it,
+    as long as the model: one more ``PeerRegistry`` a call)."""
     model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(10)])
     DROP_INS[name](model, X)
     gc.collect()

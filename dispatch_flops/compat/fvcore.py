@@ -15,8 +15,9 @@ for the few other ops it prices (a batch norm is 1 an element, 2 with an affine 
 adaptive average pooling 1 an input). Ops are named as fvcore's jit trace names them
 (``"linear"``, ``"conv"``, ``"matmul"``, ``"einsum"``, ``"batch_norm"``): the model runs below
 autograd's kernels (``workflows.untouched.composites_whole``), where composite ops reach the
-counter whole, at the level a trace records them, and is given back as it was found. What fvcore has no handle for but is contraction work (attention kernels,
-``baddbmm``, recurrent kernels) is counted under its own name where fvcore would report it
+counter whole, at the level a trace records them, and is given back as it was found. What
+fvcore has no handle for but is contraction work (attention kernels, ``baddbmm``, recurrent
+kernels) is counted under its own name where fvcore would report it
 unsupported (docs/migrating.md lists the differences).
 
 Handles (``set_op_handle``, ``supported_ops``) take fvcore's ``(inputs, outputs)`` of jit
