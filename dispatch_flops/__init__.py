@@ -63,6 +63,7 @@ from dispatch_flops.workflows.diffusion import (
                           PipelineRoofline,
                           profile_pipeline,
 )
+from dispatch_flops.workflows.formula_check import check_formula
 from dispatch_flops.workflows.generation import (  # noqa: F401 (its constants: outside __all__)
                           DECODE,
                           ENCODER,
@@ -94,6 +95,8 @@ __all__ = [
     "human",
     # a recorded torch.profiler trace, priced offline
     "from_trace",
+    # a hand-written MFU formula checked against what ran
+    "check_formula",
     # the vocabularies
     "Phase",
     "Category",
