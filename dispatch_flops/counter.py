@@ -253,7 +253,7 @@ class FlopCounter(ProfileViews):
                 if self._captured is None:
                     self._captured = self._capture()
             else:
-                tracker.ledger.holder = weakref.WeakMethod(self._settle)
+                tracker.ledger.holder = _Settler(self)
         tracker.close(left_installed)
 
     def _cuda_devices(self) -> list[int]:
@@ -440,6 +440,24 @@ def _rank_and_world() -> tuple:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None, None
     return dist.get_rank(), dist.get_world_size()
+
+
+class _Settler:
+    """How a ledger hands a finished counter its counts: ``settler()`` is the counter's
+    ``_settle``, or None once the counter is gone. A plain weak reference with no callback,
+    not a ``weakref.WeakMethod``: a WeakMethod's callbacks fire as the interpreter tears
+    the class down and, its own reference already cleared, print "Exception ignored in:
+    <function WeakMethod...> AttributeError: 'NoneType' object has no attribute '_alive'" at
+    exit (issue 58, a Trainer with a FlopsCallback)."""
+
+    __slots__ = ("_counter",)
+
+    def __init__(self, counter: "FlopCounter"):
+        self._counter = weakref.ref(counter)
+
+    def __call__(self):
+        counter = self._counter()
+        return None if counter is None else counter._settle
 
 
 def _user_frame() -> Optional[FrameType]:

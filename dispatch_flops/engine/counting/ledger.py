@@ -14,7 +14,7 @@ import weakref
 from collections import deque
 from itertools import repeat
 from operator import itemgetter, setitem
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from torch import nn
 
@@ -155,8 +155,9 @@ class Ledger:
         self.layout = None  # records.Layout of its records, rebuilt when records are added
         self.last = None  # the last Profile harvested: the next may share its views
         self.root = Frame(ROOT, None, self.frames)
-        # the counts here are a finished counter's: a weak method that copies them into it
-        self.holder: Optional[weakref.WeakMethod] = None
+        # the counts here are a finished counter's: holder() is the method that copies them
+        # into it while it lives (counter._Settler: weak, no callback), else None
+        self.holder: Optional[Callable[[], Optional[Callable[[], None]]]] = None
         self._outside: Optional[Outside] = None
 
     @property
