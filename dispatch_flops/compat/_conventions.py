@@ -99,12 +99,16 @@ class ModuleRules:
     >>> rules.figure(counter)
     """
 
-    def __init__(self, model: nn.Module, rules: dict, attribute: str, start: Any = 0):
+    def __init__(self, model: nn.Module, rules: dict, attribute: str, start: Any = 0,
+                 root_adds: bool = False):
         for kind, rule in rules.items():
             if not isinstance(kind, type) or not callable(rule):
                 raise TypeError(f"module rules map nn.Module classes to rule(module, inputs, "
                                 f"output), got {kind!r}: {rule!r}")
         self.model, self.rules, self.attribute, self.start = model, rules, attribute, start
+        # thop 0.1.1 adds a rule on the model's own class to its children's counts (its
+        # ``dfs_count`` starts from the root's ``total_ops``); ptflops replaces there too
+        self.root_adds = root_adds
         self.modules: dict = {}  # name -> ruled module (first name of a shared one)
         self.values: dict = {}  # id(module) -> its figure, read on exit
         self._hooks: list = []
@@ -139,21 +143,24 @@ class ModuleRules:
 
     def outermost(self) -> list:
         """Names of ruled modules not inside another ruled module."""
-        names = sorted(self.modules)
-        # the root ("") holds every other name: a rule on the model's class replaces them all
+        names = sorted(n for n in self.modules if n or not self.root_adds)
+        # the root ("") holds every other name: unless it adds, its rule replaces them all
         return [n for n in names
                 if not any(o == "" or n.startswith(o + ".") for o in names if o != n)]
 
     def covers(self, stack) -> bool:
         """Whether a record with this module stack ran inside a ruled module."""
-        return any(name in self.modules for name in stack)
+        return any(name in self.modules for name in stack if name or not self.root_adds)
 
     def ruled(self, inside: str = "") -> float:
         """The outermost ruled modules' figures, of those in module ``inside`` (all by
         default)."""
         prefix = inside + "." if inside else ""
-        return sum(self.values.get(id(self.modules[name]), 0.0) for name in self.outermost()
-                   if not inside or name == inside or name.startswith(prefix))
+        root = self.values.get(id(self.modules[""]), 0.0) if (
+            self.root_adds and not inside and "" in self.modules) else 0.0
+        return root + sum(self.values.get(id(self.modules[name]), 0.0)
+                          for name in self.outermost()
+                          if not inside or name == inside or name.startswith(prefix))
 
     def figure(self, counter: FlopCounter, inside: str = "") -> float:
         """The peer's figure for module ``inside`` (the root by default): the engine's records

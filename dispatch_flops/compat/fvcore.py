@@ -443,7 +443,7 @@ class JitModelAnalysis:
         parts = self.canonical_module_name(name).split(".")
         return {".".join(parts[:k]) for k in range(len(parts) + 1)}
 
-    def _registry(self, names: Dict[str, str]) -> PeerRegistry:
+    def _registry(self, names: Dict[str, Any], errors: List[BaseException]) -> PeerRegistry:
         """The handles that are not this package's MACs, as formulas: each prices a call
         from jit-like values of its arguments; ``names`` collects the names they report."""
         registry = PeerRegistry()
@@ -451,7 +451,8 @@ class JitModelAnalysis:
             if isinstance(handle, _EngineMacs):
                 continue
             for overload in _overloads_of(kind):
-                registry.figure(overload, _handle_formula(kind, overload, handle, names))
+                registry.figure(overload, _handle_formula(kind, overload, handle, names,
+                                                          errors))
         return registry
 
     def _call(self) -> None:
@@ -464,14 +465,17 @@ class JitModelAnalysis:
     def _analyze(self) -> Statistics:
         if self._stats is not None:
             return self._stats
-        names: Dict[str, str] = {}
-        registry = self._registry(names)
+        names: Dict[str, Any] = {}
+        errors: List[BaseException] = []
+        registry = self._registry(names, errors)
         with warnings.catch_warnings():
             if self._warn_trace == "none":
                 warnings.simplefilter("ignore")
             counter = run_forward(self._model, self._call, registry, inputs=self._inputs,
                                   eval_mode=False)
             records = counter.records()
+        if errors:  # a handle raised, or gave no number: fvcore's query raises it
+            raise errors[0]
         counts: Dict[str, typing.Counter[str]] = {}
         unsupported: Dict[str, typing.Counter[str]] = {}
         for _, module in _named_modules_with_dup(self._model):
@@ -490,9 +494,9 @@ class JitModelAnalysis:
             macs = record.stats.macs
             handle = self._op_handles.get(kind)
             if handle is not None:
-                reported = handle.name if isinstance(handle, _EngineMacs) else names.get(kind)
-                name = reported or _simplify(kind)
-                op_counts = Counter({name: macs})
+                reported = handle.name if isinstance(handle, _EngineMacs) else None
+                shares = names.get(kind) or Counter({reported or _simplify(kind): 1.0})
+                op_counts = Counter({n: round(macs * share) for n, share in shares.items()})
             elif self._ignored(kind, record.category):
                 continue
             elif self._count_unhandled_contractions and macs:
@@ -544,28 +548,49 @@ class JitModelAnalysis:
                        (nn.ModuleList, nn.ModuleDict, nn.Module, nn.Identity))
 
 
-def _handle_formula(kind: str, overload, handle: Handle, names: Dict[str, str]):
-    """A handle as a figure formula for ``overload``: fed jit-like values of the call."""
+def _handle_formula(kind: str, overload, handle: Handle, names: Dict[str, Any],
+                    errors: List[BaseException]):
+    """A handle as a figure formula for ``overload``: fed jit-like values of the call. The
+    names a handle reports go to ``names`` (a Counter's shares of its sum); what it raises, or
+    a figure that is not a number, to ``errors``, raised by the query as fvcore raises it."""
 
     def handle_figure(*args, out_shape, **kwargs) -> float:
-        values = _schema_values(overload, args, kwargs)
-        if kind == CONVOLUTION:
-            values = _as_convolution(overload._schema.name.split("::")[-1], values)
-        result: Any = handle([_Value(v) for v in values], _outputs(out_shape))
-        if isinstance(result, Mapping):
-            if len(result) > 1:
-                raise ValueError(f"the handle for {kind} returned several names "
-                                 f"({sorted(result)}): give each op kind one name")
-            if not result:
-                return 0
-            ((name, result),) = result.items()
-            names[kind] = name
-        if not isinstance(result, (int, float, np.integer, np.floating)):
-            raise ValueError(f"Invalid type {type(result)} for the flop count! Please use a "
-                             f"wider type to avoid overflow.")
-        return float(result)
+        try:
+            values = _schema_values(overload, args, kwargs)
+            if kind == CONVOLUTION:
+                values = _as_convolution(overload._schema.name.split("::")[-1], values)
+            result: Any = handle([_Value(v) for v in values], _outputs(out_shape))
+            if isinstance(result, Mapping):
+                shares = Counter({name: _number(kind, v) for name, v in result.items()})
+                total = sum(shares.values())
+                known = names.get(kind)
+                if known is not None and total and not _same_shares(known, shares, total):
+                    raise ValueError(f"the handle for {kind} returned {dict(result)}: its "
+                                     f"names' shares differ from call to call "
+                                     f"({dict(known)} before); the drop-in keeps one split "
+                                     f"a kind")
+                if known is None and (total or len(shares) == 1):
+                    names[kind] = Counter({n: v / total if total else 1.0
+                                           for n, v in shares.items()})
+                return total
+            return _number(kind, result)
+        except BaseException as error:
+            errors.append(error)
+            raise
 
     return handle_figure
+
+
+def _number(kind: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"Invalid type {type(value)} for the flop count of {kind}! A handle "
+                         f"returns a number or a Counter of numbers.")
+    return float(value)
+
+
+def _same_shares(known: Counter, shares: Counter, total: float) -> bool:
+    return set(known) == set(shares) and all(
+        abs(known[n] - shares[n] / total) <= 1e-9 for n in shares)
 
 
 class FlopCountAnalysis(JitModelAnalysis):

@@ -64,6 +64,12 @@ def _addmm(bias, a, b, *args, out_shape, beta=1, **kwargs) -> int:
     return numel(a) * b[-1] + (numel(bias) if beta != 0 else 0)
 
 
+def _aten_addmm(bias, a, b, *args, out_shape, **kwargs) -> int:
+    # ptflops' aten backend: a bias add per output element, whatever beta (the pytorch
+    # backend's ``torch.addmm`` hook adds the bias tensor's elements when beta != 0)
+    return numel(a) * b[-1] + numel(out_shape)
+
+
 def _output_elements(*args, out_shape, **kwargs) -> int:
     return numel(out_shape[0] if isinstance(out_shape, tuple) and not isinstance(
         out_shape, torch.Size) else out_shape)
@@ -128,7 +134,7 @@ def _aten_conventions(ignored: list, hooks: dict) -> PeerRegistry:
     stand-ins of the call's tensors."""
     registry = PeerRegistry()
     registry.figure(_ops(("convolution", "_convolution")), _convolution)
-    registry.figure(aten.addmm, _addmm)
+    registry.figure(aten.addmm, _aten_addmm)
     for packet, hook in hooks.items():
         registry.figure(_packet(packet, "custom_modules_hooks"), _hooked(hook))
     for packet in ignored:
@@ -223,8 +229,9 @@ def get_model_complexity_info(
 ) -> Tuple[Union[str, int, None], Union[str, int, None]]:
     """ptflops' ``get_model_complexity_info``: MACs and parameters of ``model`` on one input
     of ``(1, *input_res)`` (or ``input_constructor(input_res)``: a tensor, or a dict of
-    keyword arguments), per sample; strings (``'4.12 GMac'``, ``'25.56 M'``) with
-    ``as_strings``, else ints; ``(None, None)`` when the model fails (the error printed).
+    keyword arguments), per sample (``backend="aten"``: the call's, as ptflops'); strings
+    (``'4.12 GMac'``, ``'25.56 M'``) with ``as_strings``, else ints; ``(None, None)`` when
+    the model fails (the error printed).
 
     >>> macs, params = get_model_complexity_info(net, (3, 224, 224), as_strings=False,
     ...                                          print_per_layer_stat=False)
@@ -277,7 +284,9 @@ def get_model_complexity_info(
               f"exception: \n{type(error)}: {error}")
         traceback.print_exc()
         return None, None
-    samples = _batch_size(batch)
+    # the pytorch backend's figure is per sample (its batch counter); the aten backend's is
+    # the whole call's, as ptflops' ``get_flops_aten`` returns it
+    samples = _batch_size(batch) if backend is FLOPS_BACKEND.PYTORCH else 1
     macs_per_sample = int(macs / samples)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if print_per_layer_stat:

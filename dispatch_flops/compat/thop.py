@@ -19,8 +19,9 @@ embeddings 0.
 Where the two thop distributions differ this follows ultralytics-thop 2.x (parameters are
 every parameter of the model; transposed convolutions count their input positions;
 ``clever_format`` rounds 1000**k into the larger unit), except for ``custom_ops``: a rule
-replaces what is counted inside its module (thop 0.1.1's behaviour; 2.x adds the children's
-counts to the rule's). docs/migrating.md lists the differences.
+replaces what is counted inside its module, but a rule on the model's own class adds to its
+children's counts (thop 0.1.1's behaviour; 2.x adds the children's counts to every rule's).
+docs/migrating.md lists the differences.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def profile(model: nn.Module, inputs, custom_ops: Optional[dict] = None, verbose
     >>> macs, params = profile(model, inputs=(torch.randn(1, 3, 224, 224),))
 
     ``custom_ops={ModuleClass: rule}`` takes thop's rules, ``rule(module, inputs, output)``
-    adding to ``module.total_ops``; a rule's figure replaces the count inside its module.
+    adding to ``module.total_ops``; a rule's figure replaces the count inside its module
+    (a rule on the model's own class adds to its children's, as thop 0.1.1's).
     ``report_missing`` prints the ops the engine could not price. The model's train flags
     and hooks are restored.
     """
@@ -171,7 +173,7 @@ def profile(model: nn.Module, inputs, custom_ops: Optional[dict] = None, verbose
         raise TypeError(f"inputs must be a tuple of the model's arguments, e.g. (x,), got "
                         f"{type(inputs).__name__}")
     rules = ModuleRules(model, dict(custom_ops or {}), "total_ops",
-                        start=lambda: torch.zeros(1, dtype=torch.float64))
+                        start=lambda: torch.zeros(1, dtype=torch.float64), root_adds=True)
     if verbose:
         for kind in sorted({type(m) for m in model.modules() if rules.rule_of(m)}, key=str):
             rule = rules.rule_of(next(m for m in model.modules() if type(m) is kind))
