@@ -154,16 +154,27 @@ class _Spans(PartCutter):
             self._wrap(self.scheduler, "step", "scheduler", "scheduler")
 
     def detach(self) -> None:
-        self.unhook()
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        for obj, attribute, before in reversed(self.wrapped):
-            if before is None:
-                obj.__dict__.pop(attribute, None)
-            else:
-                obj.__dict__[attribute] = before
-        self.wrapped.clear()
+        # every step runs whatever an earlier one raised (an interrupt in a hook's removal
+        # leaves no wrapper on scheduler.step or vae.decode behind)
+        try:
+            self.unhook()
+        finally:
+            try:
+                # found by the hook itself, not a handle: one registered as an interrupt
+                # landed, before its handle was kept, goes too
+                for module in self.components.values():
+                    for key, hook in list(module._forward_pre_hooks.items()):
+                        if hook == self._pass_facts:
+                            module._forward_pre_hooks.pop(key, None)
+                            module._forward_pre_hooks_with_kwargs.pop(key, None)
+                self.handles.clear()
+            finally:
+                while self.wrapped:
+                    obj, attribute, before = self.wrapped.pop()
+                    if before is None:
+                        obj.__dict__.pop(attribute, None)
+                    else:
+                        obj.__dict__[attribute] = before
 
     def _wrap(self, obj: Any, attribute: str, kind: str, name: str) -> None:
         method = getattr(obj, attribute, None)
@@ -285,6 +296,9 @@ def profile_pipeline(pipe: Any, *args, fn: Optional[Callable] = None,
     ends a denoising step). ``timing=True`` measures each part (a CUDA synchronize around each
     on a GPU, CUDA events per op: the parts are read inside the block).
     """
+    if not isinstance(timing, bool):  # FlopCounter's "kernels" / "events" are not parts' timers
+        raise ValueError(f"timing must be True or False (True: each part timed), got "
+                         f"{timing!r}")
     components = _components(pipe)
     denoisers = [n for n in components if _named(n, _DENOISERS)]
     if not denoisers:
@@ -305,8 +319,8 @@ def profile_pipeline(pipe: Any, *args, fn: Optional[Callable] = None,
     # each part is read inside the block: events, whose times are there once synchronized
     counter = FlopCounter(nn.ModuleDict(components), timing="events" if timing else False)
     spans = _Spans(counter, components, scheduler, timing)
-    spans.attach()
-    try:
+    try:  # attached inside: a part that cannot be hooked (a scripted denoiser) leaves nothing
+        spans.attach()
         with counter:
             output = call(*args, **call_kwargs)
     finally:
