@@ -26,6 +26,7 @@ from dispatch_flops import (
 )
 from dispatch_flops.counter import ATTENTION_MODES
 from dispatch_flops.models import GPT, GPTConfig
+from dispatch_flops.results.utilisation import as_spec
 from dispatch_flops.views.table import terminal_width
 
 EXAMPLES = """\
@@ -340,9 +341,12 @@ def _main(argv) -> None:
     if args.peaks is not None:
         if not args.timing:
             parser.error("--peaks prints MFU, which needs measured time: add --timing")
-        if args.peaks != "calibrate" and args.peaks not in DEVICES:
-            parser.error(f"--peaks {args.peaks!r}: 'calibrate' or one of "
-                         f"{', '.join(DEVICES)}")
+        if args.peaks != "calibrate":
+            try:  # a key of DEVICES or a device's own name, as every device argument
+                args.peaks = as_spec(args.peaks)
+            except (TypeError, ValueError):
+                parser.error(f"--peaks {args.peaks!r}: 'calibrate' or one of "
+                             f"{', '.join(DEVICES)}")
     if args.width is not None and args.width < 40:
         parser.error("--width must be >= 40")
     if args.model is not None and args.seq_len is not None:
@@ -390,8 +394,7 @@ def _main(argv) -> None:
     print(_fitted_header(header, args.width or terminal_width()) + "\n")
     print(fc.table(depth=args.depth, width=args.width))
     if args.peaks:
-        spec = DeviceSpec.calibrate(device) if args.peaks == "calibrate" else \
-            DEVICES[args.peaks]
+        spec = DeviceSpec.calibrate(device) if args.peaks == "calibrate" else args.peaks
         print(f"\n{fc.mfu_text(spec)}\n{fc.hfu_text(spec)}")
     for path, write in ((args.json, fc.to_json), (args.csv, fc.to_csv),
                         (args.trace, fc.to_chrome_trace)):

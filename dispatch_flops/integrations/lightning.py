@@ -22,7 +22,8 @@ except ImportError:
                           "install lightning (or, from a clone, pip install -e "
                           "'.[lightning]')") from e
 
-from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+from dispatch_flops.results.roofline import DTypeLike
+from dispatch_flops.results.utilisation import DeviceLike, as_spec
 from dispatch_flops.workflows.throughput import METRICS, ThroughputMeter
 
 __all__ = ["FlopsCallback", "METRICS"]
@@ -44,8 +45,8 @@ class FlopsCallback(Callback):
     ``profile``: the last counted step's ``Profile``."""
 
     def __init__(self, every: int = 100, *, warmup: int = 1,
-                 device: Optional[DeviceSpec] = None, dtype: Optional[DTypeLike] = None):
-        self._meter = partial(ThroughputMeter, every=every, warmup=warmup, device=device,
+                 device: Optional[DeviceLike] = None, dtype: Optional[DTypeLike] = None):
+        self._meter = partial(ThroughputMeter, every=every, warmup=warmup, device=as_spec(device),
                               dtype=dtype)
         self.meter = self._meter()  # checks them; the model comes later
         self._step_at: Optional[int] = None  # global_step when the running step began

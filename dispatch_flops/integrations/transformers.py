@@ -21,7 +21,8 @@ except ImportError as e:  # say which package: the name alone reads like our own
                       "install transformers (or, from a clone, pip install -e "
                       "'.[transformers]')") from e
 
-from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+from dispatch_flops.results.roofline import DTypeLike
+from dispatch_flops.results.utilisation import DeviceLike, as_spec
 from dispatch_flops.workflows.throughput import METRICS, ThroughputMeter
 
 __all__ = ["FlopsCallback", "METRICS"]
@@ -43,8 +44,8 @@ class FlopsCallback(TrainerCallback):
     It moves itself ahead of the reporting callbacks so that they log its values."""
 
     def __init__(self, every: int = 100, *, warmup: int = 1,
-                 device: Optional[DeviceSpec] = None, dtype: Optional[DTypeLike] = None):
-        self._meter = partial(ThroughputMeter, every=every, warmup=warmup, device=device,
+                 device: Optional[DeviceLike] = None, dtype: Optional[DTypeLike] = None):
+        self._meter = partial(ThroughputMeter, every=every, warmup=warmup, device=as_spec(device),
                               dtype=dtype)
         self.meter = self._meter()  # checks them; the model comes later
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 if TYPE_CHECKING:
     from dispatch_flops.results.protocols import ConventionsLike, ProfileLike
-    from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+    from dispatch_flops.results.roofline import DTypeLike
     from dispatch_flops.results.schema import PathLike
+    from dispatch_flops.results.utilisation import DeviceLike
 
 
 class Presenter(Protocol):
@@ -32,7 +33,7 @@ class Presenter(Protocol):
     def conventions_table(self, conventions: ConventionsLike) -> str: ...
 
     def utilisation_text(self, profile: ProfileLike, what: str, phases: Sequence[str],
-                         device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
+                         device: Optional[DeviceLike], dtype: Optional[DTypeLike],
                          flops: str) -> str: ...
 
     def write_csv(self, profile: ProfileLike, path: PathLike) -> None: ...

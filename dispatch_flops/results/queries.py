@@ -42,6 +42,7 @@ from dispatch_flops.results.stats import (
     frozen_mapping,
 )
 from dispatch_flops.results.torch_figures import torch_flop_counts
+from dispatch_flops.results.utilisation import DeviceLike
 
 DTypeLike = Union[torch.dtype, str, None]
 
@@ -249,24 +250,26 @@ class ProfileViews:
         return sorted(p.by_module().items(), key=lambda item: -latency(item[1]))[:k]
 
     # -- a device's roofs: roofline, MFU, HFU -----------------------------------------------
-    def device(self, device: Optional[DeviceSpec] = None) -> DeviceSpec:
-        """``device`` when given; else the built-in spec of the GPU the run was made on, or of
-        the current GPU. ``ValueError`` when there is none, naming the device and how to
-        pass a ``DeviceSpec``."""
+    def device(self, device: Optional[DeviceLike] = None) -> DeviceSpec:
+        """``device`` when given: a ``DeviceSpec``, a name (a key of ``DEVICES`` such as
+        "H100-SXM", or the device's own, "NVIDIA H100 80GB HBM3") or a ``torch.device``, as
+        every device argument below takes; else the built-in spec of the GPU the run was made
+        on, or of the current GPU. ``ValueError`` when there is none, naming the device and
+        how to pass a ``DeviceSpec``."""
         return utilisation.device_of(self.to_profile(), device)
 
-    def roofline_by_operator(self, device: Optional[DeviceSpec] = None,
+    def roofline_by_operator(self, device: Optional[DeviceLike] = None,
                              dtype: DTypeLike = None) -> dict[str, Roofline]:
         """Each operator against ``device``'s roofs (see ``device``) at ``dtype`` (the
         model's parameter dtype when None)."""
         return utilisation.roofline_by_operator(self.to_profile(), device, dtype)
 
-    def roofline_by_module(self, device: Optional[DeviceSpec] = None,
+    def roofline_by_module(self, device: Optional[DeviceLike] = None,
                            dtype: DTypeLike = None) -> dict[str, Roofline]:
         """Each module (inclusive) against ``device``'s roofs; see ``roofline_by_operator``."""
         return utilisation.roofline_by_module(self.to_profile(), device, dtype)
 
-    def mfu(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
+    def mfu(self, device: Optional[DeviceLike] = None, dtype: DTypeLike = None, *,
             flops: str = "contraction") -> float:
         """Model flops utilisation: the time forward + backward flops take at peak / the wall
         time of the block. Each op's flops run at the dense peak of its own compute dtype
@@ -286,14 +289,14 @@ class ProfileViews:
         return utilisation.checked_utilisation(self.to_profile(), "mfu", MODEL_PHASES, device,
                                                dtype, flops)
 
-    def hfu(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
+    def hfu(self, device: Optional[DeviceLike] = None, dtype: DTypeLike = None, *,
             flops: str = "contraction") -> float:
         """Hardware flops utilisation: every flop executed (recompute and optimizer too) at
         the peak of its dtype / wall time; as ``mfu`` (``"all"``: ``hardware_flops()``)."""
         return utilisation.checked_utilisation(self.to_profile(), "hfu", PHASES, device,
                                                dtype, flops)
 
-    def mfu_text(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
+    def mfu_text(self, device: Optional[DeviceLike] = None, dtype: DTypeLike = None, *,
                  flops: str = "contraction") -> str:
         """MFU with its denominator, as printed: ``"MFU 41.3 % of 989.4 TFLOPS bf16 dense,
         H100-SXM datasheet"`` (``"... of per-op dtype peaks (bf16 989.4, fp32 66.9 TFLOPS
@@ -304,14 +307,14 @@ class ProfileViews:
         return present.presenter().utilisation_text(self.to_profile(), "mfu", MODEL_PHASES,
                                                     device, dtype, flops)
 
-    def hfu_text(self, device: Optional[DeviceSpec] = None, dtype: DTypeLike = None, *,
+    def hfu_text(self, device: Optional[DeviceLike] = None, dtype: DTypeLike = None, *,
                  flops: str = "contraction") -> str:
         """HFU with its denominator, or why there is none; see ``mfu_text``."""
         return present.presenter().utilisation_text(self.to_profile(), "hfu", PHASES, device,
                                                     dtype, flops)
 
     def conventions(self, tokens: Optional[int] = None, tokens_per_s: Optional[float] = None,
-                    device: Optional[DeviceSpec] = None,
+                    device: Optional[DeviceLike] = None,
                     dtype: DTypeLike = None) -> conventions.Conventions:
         """The field's MFU conventions side by side, per token: the run's measured flops,
         6N with and without embeddings, PaLM's 6N + 12·L·H·Q·T (and causal-halved),
@@ -324,7 +327,8 @@ class ProfileViews:
 
         >>> print(fc.conventions(tokens_per_s=2973, device=DEVICES["A100-SXM4-80GB"]))
         """
-        return conventions.conventions(self.to_profile(), tokens, tokens_per_s, device, dtype)
+        return conventions.conventions(self.to_profile(), tokens, tokens_per_s,
+                                       utilisation.as_spec(device), dtype)
 
     def flops_by_dtype(self, phase: Optional[str] = None, *,
                        flops: str = "contraction") -> dict[Optional[str], int]:
@@ -370,6 +374,9 @@ class ProfileViews:
         lists each module's k operators with the most flops under its row. ``ranks=True``
         (a gathered Profile) adds min / max over ranks columns. ``group="type"``: a row per
         module class instead of per module (``by_type()``), with its own flops beside."""
+        if not isinstance(depth, int) or depth < 0:  # a caller's error, said before any read
+            raise ValueError(f"depth must be an int >= 0 (0 shows the root only), got "
+                             f"{depth!r}")
         p = self.to_profile()
         if ranks and not p.ranks:
             raise ValueError("table(ranks=True) needs a gathered Profile: "

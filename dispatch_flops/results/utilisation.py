@@ -8,12 +8,22 @@ peak / wall time. ``ProfileViews.mfu`` documents the figure; this module compute
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from dispatch_flops.results.protocols import ProfileLike
-from dispatch_flops.results.roofline import DEVICES, DeviceSpec, Roofline, dtype_name, match_device
+from dispatch_flops.results.roofline import (
+    DEVICES,
+    DeviceSpec,
+    Roofline,
+    device_spec,
+    dtype_name,
+    match_device,
+)
 from dispatch_flops.results.rows import ROW
 from dispatch_flops.results.stats import PHASES, Stats
+
+if TYPE_CHECKING:
+    import torch
 
 UTILISATION_FLOPS = ("contraction", "all")  # mfu/hfu numerators: 2 x MACs, or every op's
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
@@ -69,14 +79,64 @@ def require_timing(profile: ProfileLike, what: str) -> None:
                          f"timing=True) or dispatch_flops.measure(...)")
 
 
-def device_of(profile: ProfileLike, device: Optional[DeviceSpec] = None) -> DeviceSpec:
-    """``device`` when given; else the built-in spec of the GPU the run was made on (its
-    recorded name), or of the current GPU (its name and properties); ``ValueError`` naming
-    the device and how to pass or measure a spec, never another device's figures."""
-    if device is not None:
-        if not isinstance(device, DeviceSpec):
-            raise TypeError(f"device must be a DeviceSpec, got {type(device).__name__}")
+# what every device argument takes: a spec, a name (a key of DEVICES, or a GPU's name as
+# torch.cuda.get_device_name() gives it) or a torch.device
+DeviceLike = Union[DeviceSpec, str, "torch.device"]
+_HOW = ("pass device=DeviceSpec(name, {'bfloat16': flop_s}, bytes_s) or "
+        "DeviceSpec.cpu(flop_s, bytes_s), or measure this machine's peaks: "
+        "device=DeviceSpec.calibrate() (docs/peaks.md)")
+
+
+def as_spec(device: Optional[DeviceLike]) -> Optional[DeviceSpec]:
+    """``device`` as a ``DeviceSpec``: a spec itself; a name, a key of ``DEVICES``
+    ("H100-SXM") or a device's own ("NVIDIA H100 80GB HBM3"); a ``torch.device`` or its
+    text ("cuda:0": that GPU's built-in spec); None stays None. ``ValueError`` for a device
+    with no built-in spec, ``TypeError`` for anything else: every device argument reads it
+    (``mfu``, ``hfu``, their texts, the rooflines, ``conventions``, the callbacks)."""
+    import torch
+
+    if device is None or isinstance(device, DeviceSpec):
         return device
+    if isinstance(device, str):
+        if device in DEVICES:
+            return DEVICES[device]
+        key, why = match_device(device)
+        if key:
+            return DEVICES[key]
+        try:
+            device = torch.device(device)  # "cuda:0", "cpu"
+        except RuntimeError:
+            raise ValueError(f"unknown device {device!r}: {why} (built in: "
+                             f"{', '.join(DEVICES)}); {_HOW}") from None
+    if isinstance(device, torch.device):
+        spec = device_spec(device)
+        if spec is None:
+            raise ValueError(f"no built-in peaks for {device} (built in: GPUs only: "
+                             f"{', '.join(DEVICES)}); {_HOW}")
+        return spec
+    raise TypeError(f"device must be a DeviceSpec, a device name (a key of DEVICES such as "
+                    f"'H100-SXM', or torch.cuda.get_device_name()) or a torch.device, got "
+                    f"{type(device).__name__}")
+
+
+def elsewhere(profile: ProfileLike, spec: DeviceSpec) -> str:
+    """What a figure against ``spec`` must say when the run was not made on that device: a
+    GPU's datasheet peak for a run on the CPU (or another device type); "" otherwise."""
+    ran_on = profile.run.device
+    if spec.source == "datasheet" and ran_on and ran_on.split(":")[0] not in ("cuda", "meta"):
+        return f"the run was on the {ran_on.upper() if ran_on == 'cpu' else ran_on}, " \
+               f"not a {spec.name}"
+    return ""
+
+
+def device_of(profile: ProfileLike, device: Optional[DeviceLike] = None) -> DeviceSpec:
+    """``device`` when given (a spec, a name or a torch.device: ``as_spec``); else the
+    built-in spec of the GPU the run was made on (its recorded name), or of the current GPU
+    (its name and properties); ``ValueError`` naming the device and how to pass or measure
+    a spec, never another device's figures."""
+    spec = as_spec(device)
+    if spec is not None:
+        return spec
     run = profile.run
     why = ""
     if run.device_name:
@@ -91,10 +151,7 @@ def device_of(profile: ProfileLike, device: Optional[DeviceSpec] = None) -> Devi
         why = why or why_current
     label = run.device_name or run.device or "cpu"
     raise ValueError(f"unknown device {label!r}: {why or 'no built-in DeviceSpec for it'} "
-                     f"(built in: {', '.join(DEVICES)}); pass device=DeviceSpec(name, "
-                     "{'bfloat16': flop_s}, bytes_s) or DeviceSpec.cpu(flop_s, bytes_s), or "
-                     "measure this machine's peaks: device=DeviceSpec.calibrate() "
-                     "(docs/peaks.md)")
+                     f"(built in: {', '.join(DEVICES)}); {_HOW}")
 
 
 def _current_device() -> Optional[tuple]:
@@ -108,13 +165,13 @@ def _current_device() -> Optional[tuple]:
             getattr(props, "multi_processor_count", None))
 
 
-def roofline_by_operator(profile: ProfileLike, device: Optional[DeviceSpec], dtype
+def roofline_by_operator(profile: ProfileLike, device: Optional[DeviceLike], dtype
                          ) -> dict[str, Roofline]:
     spec, dtype = device_of(profile, device), dtype or profile.dtype
     return {op: spec.roofline(stats, dtype) for op, stats in profile.by_operator().items()}
 
 
-def roofline_by_module(profile: ProfileLike, device: Optional[DeviceSpec], dtype
+def roofline_by_module(profile: ProfileLike, device: Optional[DeviceLike], dtype
                        ) -> dict[str, Roofline]:
     spec, dtype = device_of(profile, device), dtype or profile.dtype
     return {name: spec.roofline(m.inclusive, dtype) for name, m in profile.by_module().items()}
@@ -181,7 +238,7 @@ def _peaks_in_words(spec: DeviceSpec, per_peak: dict[str, int]) -> str:
 
 
 def utilisation(profile: ProfileLike, what: str, phases: Sequence[str],
-                device: Optional[DeviceSpec], dtype, flops: str) -> tuple[float, str]:
+                device: Optional[DeviceLike], dtype, flops: str) -> tuple[float, str]:
     """``(utilisation, the denominator in words)`` of ``what`` ("mfu" or "hfu")."""
     flops_figure(flops)
     require_timing(profile, what)
@@ -201,11 +258,12 @@ def utilisation(profile: ProfileLike, what: str, phases: Sequence[str],
         per_peak[_peak_dtype(profile, None, True, spec)] = 0
     seconds = sum(n / spec.peak_flops(d) for d, n in per_peak.items())
     devices = len(profile.ranks) or 1  # gathered: flops summed over ranks, wall the longest
-    return seconds / (wall_s * devices), _peaks_in_words(spec, per_peak)
+    words, other = _peaks_in_words(spec, per_peak), elsewhere(profile, spec)
+    return seconds / (wall_s * devices), f"{words} ({other})" if other else words
 
 
 def checked_utilisation(profile: ProfileLike, what: str, phases: Sequence[str],
-                        device: Optional[DeviceSpec], dtype, flops: str) -> float:
+                        device: Optional[DeviceLike], dtype, flops: str) -> float:
     """``utilisation``'s figure, with a ``UtilisationWarning`` when it is above 1."""
     value, peaks = utilisation(profile, what, phases, device, dtype, flops)
     if value > 1:

@@ -13,8 +13,9 @@ from typing import Any, Optional, Sequence
 from dispatch_flops.results import present
 from dispatch_flops.results.profile import as_profile
 from dispatch_flops.results.protocols import ConventionsLike, ProfileLike
-from dispatch_flops.results.roofline import DeviceSpec, DTypeLike
+from dispatch_flops.results.roofline import DTypeLike
 from dispatch_flops.results.schema import PathLike
+from dispatch_flops.results.utilisation import DeviceLike
 from dispatch_flops.views import export, table, text, torch_table
 
 
@@ -38,7 +39,7 @@ class _Views:
         return text.conventions_table(conventions)
 
     def utilisation_text(self, profile: ProfileLike, what: str, phases: Sequence[str],
-                         device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
+                         device: Optional[DeviceLike], dtype: Optional[DTypeLike],
                          flops: str) -> str:
         return text.utilisation_text(as_profile(profile), what, phases, device, dtype, flops)
 

@@ -18,7 +18,7 @@ from tabulate import tabulate
 from dispatch_flops.results import conventions, experts, utilisation
 from dispatch_flops.results.format import duration, human, percent, scientific
 from dispatch_flops.results.protocols import ConventionsLike
-from dispatch_flops.results.roofline import DeviceSpec, DTypeLike, Roofline
+from dispatch_flops.results.roofline import DTypeLike, Roofline
 from dispatch_flops.views.escape import printable, safe_lines
 from dispatch_flops.views.table import check_width, wrapped
 from dispatch_flops.views.workflow_results import (
@@ -179,7 +179,7 @@ def conventions_table(c: ConventionsLike, width: Optional[int] = None) -> str:
 
 @_escaped
 def utilisation_text(profile: Profile, what: str, phases: Sequence[str],
-                     device: Optional[DeviceSpec], dtype: Optional[DTypeLike],
+                     device: Optional[utilisation.DeviceLike], dtype: Optional[DTypeLike],
                      flops: str) -> str:
     """``what`` ("mfu" or "hfu") in words, with its denominator, or why there is none."""
     utilisation.flops_figure(flops)  # a bad ``flops`` is the caller's error, raised
