@@ -19,7 +19,7 @@ label without a model, ``"global"``) and ``profile_generate``'s stages (``ENCODE
 
 from dispatch_flops.compat.deepspeed import FlopsProfiler, get_model_profile
 from dispatch_flops.compat.torch_mode import FlopCounterMode
-from dispatch_flops.counter import FlopCounter
+from dispatch_flops.counter import CountingWarning, FlopCounter
 from dispatch_flops.engine.model.activations import Activations
 from dispatch_flops.formulas import Category, Cost, has_formula, register_formula
 from dispatch_flops.results.format import human
@@ -107,6 +107,7 @@ __all__ = [
     "device_spec",
     "Roofline",
     "UtilisationWarning",
+    "CountingWarning",
     # training throughput and MFU, timed on uncounted steps
     "ThroughputMeter",
     "ThroughputReading",

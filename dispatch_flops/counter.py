@@ -149,6 +149,7 @@ class FlopCounter(ProfileViews):
         # (volatile run facts, (module types, params)) read at exit: see __exit__
         self._at_exit: Optional[tuple] = None
         self._profile: Optional[Profile] = None
+        self._warned = False  # a never-entered counter read: said once
         # with no model, name every module called, torch's way (FlopCounterMode sets it)
         self._every_module = False
         # workflows' module hooks, which the tracker runs around its own (UserHooks)
@@ -285,6 +286,12 @@ class FlopCounter(ProfileViews):
         if self._profile is not None:
             return self._profile
         if self._tracker is None:  # never entered
+            if not self._warned and not type(self).__module__.startswith(
+                    "dispatch_flops.compat."):
+                self._warned = True
+                _warn_user(f"this FlopCounter({self.root_label if self.model is not None else ''})"
+                           " is read before it counted anything: it was never entered (with "
+                           "FlopCounter(model) as fc: model(x)); its figures are all 0")
             return Profile((), ModuleFacts(), self._run_facts())
         if self._active:
             return self._make(self._capture())
@@ -293,7 +300,33 @@ class FlopCounter(ProfileViews):
                 self._settle()
         assert self._captured is not None
         self._profile = self._make(self._captured)
+        self._check_saw(self._profile)
         return self._profile
+
+    def _check_saw(self, profile: Profile) -> None:
+        """A ``CountingWarning`` when the finished block counted nothing, or when the model
+        given never ran in it while other layers did (contractions under the root, in phase
+        "other": usually another model was run; an optimizer step or a loss alone is no
+        sign). Once per counter, when first read."""
+        if type(self).__module__.startswith("dispatch_flops.compat."):
+            return  # a drop-in (FlopCounterMode) keeps its original's silence
+        calls = sum(counts[0] for _, counts in profile.rows)
+        if not calls:
+            _warn_user(f"this FlopCounter counted nothing: no aten op ran inside its block "
+                       f"(was {self.root_label if self.model is not None else 'the model'} "
+                       f"run outside the `with` block?); its figures are all 0")
+            return
+        if self.model is None or any(profile.module_facts.calls.values()):
+            return
+        phases = profile.by_phase()
+        if phases["forward"].calls or phases["backward"].calls:  # e.g. compiled graphs
+            return
+        other = phases["other"].calls
+        if phases["other"].macs:  # a layer's matmuls ran: not a lone optimizer step or loss
+            _warn_user(f"FlopCounter({self.root_label}) counted {other:,} op calls, but "
+                       f"{self.root_label} never ran inside the block: they all sit under the "
+                       f"root, in phase 'other' (another model ran? count that one: "
+                       f"FlopCounter(that_model))")
 
     def _settle(self) -> None:
         """Take this finished counter's counts from its ledger, once."""
@@ -458,6 +491,33 @@ class _Settler:
     def __call__(self):
         counter = self._counter()
         return None if counter is None else counter._settle
+
+
+class CountingWarning(UserWarning):
+    """A counter read that saw nothing: never entered, nothing counted in its block, or the
+    model it was given never ran there while other ops did (the figures are all 0, or all
+    under the root). Silence it with ``warnings.simplefilter("ignore", CountingWarning)``
+    where an empty block is expected."""
+
+
+# where a counter is read through its views; a read from anywhere else in the package is a
+# workflow's (profile_generate, paper_table, the drop-ins...), which checks what it needs
+_VIEW_ROOMS = ("dispatch_flops.counter", "dispatch_flops.results.", "dispatch_flops.views.")
+
+
+def _warn_user(message: str) -> None:
+    """A ``CountingWarning`` at the first frame outside this package (the user's read); none
+    when a workflow of this package is the reader (it says what went wrong its own way)."""
+    level = 2
+    frame: Optional[FrameType] = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith("dispatch_flops."):
+            break
+        if not name.startswith(_VIEW_ROOMS):
+            return
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, CountingWarning, stacklevel=level)
 
 
 def _user_frame() -> Optional[FrameType]:

@@ -3,6 +3,8 @@ when a counter saw nothing, every device argument a name, a spec or a torch devi
 tensor for measure's args said plainly, no noise at a Trainer's interpreter exit, a fast
 --help, and the test command the README gives."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -100,3 +102,106 @@ def test_a_trainer_with_the_callback_exits_without_a_word(tmp_path):
     assert holder() == fc._settle
     del fc
     assert holder() is None
+
+
+# -- 7: every device argument takes a name, a spec or a torch device -------------------------
+def test_every_device_argument_takes_a_name_a_spec_or_a_torch_device():
+    """``fc.mfu("H100-SXM")`` is ``fc.mfu(DEVICES["H100-SXM"])``, a device's own name too,
+    through mfu, hfu, their texts, the rooflines, conventions and the callbacks; a CPU
+    device has no built-in peak (ValueError saying how to give one); a CPU run priced
+    against a GPU's datasheet says the run was on the CPU."""
+    from dispatch_flops import DEVICES, measure
+
+    model = nn.Linear(16, 16)
+    p = measure(model, (torch.randn(4, 16),), warmup=0, repeat=1)
+    spec = DEVICES["H100-SXM"]
+    for name in ("H100-SXM", "NVIDIA H100 80GB HBM3"):
+        assert p.mfu(name) == p.mfu(spec) and p.hfu(name) == p.hfu(spec)
+        assert p.mfu_text(name) == p.mfu_text(spec) and p.device(name) is spec
+        assert p.roofline_by_operator(name) == p.roofline_by_operator(spec)
+        assert p.roofline_by_module(name) == p.roofline_by_module(spec)
+        assert str(p.conventions(64, device=name)) == str(p.conventions(64, device=spec))
+    assert "the run was on the CPU, not a H100-SXM" in p.mfu_text("H100-SXM")
+    assert "run was on" not in p.mfu_text(DEVICES["H100-SXM"].__class__.cpu(1e11, 1e10))
+    with pytest.raises(ValueError, match="no built-in peaks for cpu.*DeviceSpec.cpu"):
+        p.mfu(torch.device("cpu"))
+    with pytest.raises(ValueError, match="unknown device 'H900'"):
+        p.mfu("H900")
+    assert p.mfu_text("H900").startswith("no MFU: unknown device 'H900'")
+    with pytest.raises(TypeError, match="a DeviceSpec, a device name .* or a torch.device"):
+        p.mfu(3.0)
+
+
+def test_the_callbacks_take_a_device_name():
+    pytest.importorskip("transformers")
+    from dispatch_flops import DEVICES
+    from dispatch_flops.integrations.transformers import FlopsCallback
+
+    assert FlopsCallback(device="H100-SXM").meter.device is DEVICES["H100-SXM"]
+
+
+@pytest.mark.slow
+def test_the_cli_says_a_cpu_run_was_priced_against_a_gpu(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "dispatch_flops", "--seq-len", "8", "--timing",
+                           "--repeat", "1", "--peaks", "NVIDIA H100 80GB HBM3"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "H100-SXM datasheet (the run was on the CPU, not a H100-SXM)" in done.stdout
+
+
+# -- 3: a counter that saw nothing says so --------------------------------------------------
+def test_a_counter_that_saw_nothing_says_so():
+    """One CountingWarning, at the reader's line, when a counter is read never entered, with
+    nothing run in its block, or with its model never run while another was; none for a
+    block that ran its model, or an optimizer step alone."""
+    from dispatch_flops import CountingWarning
+
+    model, other = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))
+    with pytest.warns(CountingWarning, match="never entered") as caught:
+        FlopCounter(model).table()
+    assert caught[0].filename == __file__
+    with FlopCounter(model) as fc:
+        pass
+    with pytest.warns(CountingWarning, match="counted nothing") as caught:
+        assert fc.total.flops == 0
+    assert caught[0].filename == __file__
+    with FlopCounter(model) as fc:
+        other(torch.randn(2, 4))
+    with pytest.warns(CountingWarning, match=r"Sequential never ran inside the block"):
+        fc.table()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CountingWarning)
+        fc.table(), fc.total  # said once
+        with FlopCounter(model) as fc:
+            model(torch.randn(2, 4)).sum().backward()
+        assert fc.total.flops > 0
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with FlopCounter(model) as fc:
+            optimizer.step()
+        assert fc.by_phase()["optimizer"].calls > 0
+
+
+# -- 10: docs/generation.md defines compute_s as the code computes it ------------------------
+def test_generation_docs_define_compute_s_as_the_code():
+    """``compute_s`` is the time of the ops on the compute roof, ``memory_s`` of those on the
+    memory roof, the two summing to ``attainable_s`` (not all the step's flops / peak, which
+    a decode step's ``compute_s == 0.0`` contradicted): the page says so, the figures agree."""
+    from pathlib import Path
+
+    from dispatch_flops.workflows.generation import ops_roofline
+
+    page = " ".join((Path(__file__).parents[1] / "docs" / "generation.md").read_text().split())
+    assert "`compute_s` (all its flops / peak)" not in page
+    assert "`compute_s` is the time of the ops on the compute roof" in page
+    assert "the two sum to `attainable_s`" in page
+    fc = _trained()
+    peak, bandwidth = 1e12, 1e10
+    roof = ops_roofline(fc.to_profile(), peak, bandwidth)
+    on_compute = [r.stats for r in fc.records()
+                  if r.stats.flops / peak >= r.stats.bytes / bandwidth]
+    assert roof.compute_s == pytest.approx(sum(s.flops / peak for s in on_compute))
+    assert roof.compute_s + roof.memory_s == pytest.approx(roof.attainable_s)
+    assert roof.compute_s < fc.total.flops / peak

@@ -79,10 +79,10 @@ class StepCost:
 @dataclass(frozen=True, repr=False)
 class GenerationRoofline:
     """A generation against one device's roofs. ``steps`` are per forward call (prefill
-    first): each a ``Roofline`` whose ``compute_s`` and ``memory_s`` are the step's flops /
-    peak and bytes / bandwidth, and whose ``attainable_s`` is the sum of its ops' own
-    ``max(flops / peak, bytes / bandwidth)`` (so it lies between the larger of the two and
-    their sum). Per-token figures are per decode step, which gives every sequence one
+    first): each a ``Roofline`` whose ``attainable_s`` is the sum of its ops' own
+    ``max(flops / peak, bytes / bandwidth)`` (between the larger of the step's flops / peak
+    and bytes / bandwidth and their sum), ``compute_s`` and ``memory_s`` the time of the ops
+    on each roof (they sum to ``attainable_s``; see ``ops_roofline``). Per-token figures are per decode step, which gives every sequence one
     token. ``measured_*`` are ``None`` unless timing was on.
 
     >>> roof = gp.roofline("H100-SXM")
