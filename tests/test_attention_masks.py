@@ -278,6 +278,7 @@ def test_masked_flops_are_the_masked_pairs_at_the_formula_rate():
     assert stats.masked_macs == masked_pairs * 2 * D
 
 
+@pytest.mark.filterwarnings('ignore:.*attention="causal".*:FutureWarning')
 def test_causal_option_keeps_its_old_meaning():
     """attention="causal" prices is_causal kernels as skipping the masked half (hardware =
     model); the default prices them dense, model flops the causal pairs either way."""

@@ -3,6 +3,7 @@ when a counter saw nothing, every device argument a name, a spec or a torch devi
 tensor for measure's args said plainly, no noise at a Trainer's interpreter exit, a fast
 --help, and the test command the README gives."""
 
+import re
 import warnings
 
 import pytest
@@ -205,3 +206,59 @@ def test_generation_docs_define_compute_s_as_the_code():
     assert roof.compute_s == pytest.approx(sum(s.flops / peak for s in on_compute))
     assert roof.compute_s + roof.memory_s == pytest.approx(roof.attainable_s)
     assert roof.compute_s < fc.total.flops / peak
+
+
+# -- 2: a test command that finishes --------------------------------------------------------
+def test_the_readme_test_command_runs_in_parallel_and_ci_runs_it():
+    """The Quickstart's second line runs the suite on every core (pytest-xdist's -n); the
+    test extra installs pytest-xdist; .ci/run runs that very command (with its torch pin in
+    the pip call); and the README states no timing it did not measure as measured."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    readme = root.joinpath("README.md").read_text()
+    quickstart = re.search(r"## Quickstart\n\n```bash\n(.*?)```", readme, re.S)[1].splitlines()
+    install, _, command = quickstart[1].partition(" && ")
+    assert install == 'pip install -e ".[test]"'
+    assert re.fullmatch(r"python -m pytest -q -n (auto|\d+)", command)
+    extra = re.search(r"^test = \[(.*?)\]", root.joinpath("pyproject.toml").read_text(),
+                      re.S | re.M)[1]
+    assert re.search(r'"pytest-xdist\b', extra)
+    ci = root.joinpath(".ci", "run").read_text()
+    assert f'pip install torch==2.13.0 -e ".[test]" && {command}\n' in ci
+    assert "about 1,570 tests" not in readme and "took 4.5 minutes" not in readme
+
+
+# -- 11: the project's own and the docs' warnings, at their cause -----------------------------
+@pytest.mark.slow
+def test_diffusion_docs_first_block_configures_its_scheduler(tmp_path, monkeypatch):
+    """docs/diffusion.md's first block runs without diffusers' 20-line "has not set the
+    configuration `clip_sample`" FutureWarning: its DDIM scheduler says clip_sample=False,
+    as Stable Diffusion's own configuration does."""
+    from pathlib import Path
+
+    pytest.importorskip("diffusers")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    page = (Path(__file__).parents[1] / "docs" / "diffusion.md").read_text()
+    block = re.search(r"```python\n(.*?)```", page, re.S)[1]
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(block, "docs/diffusion.md", "exec"), {"__name__": "__main__"})
+    assert not [w for w in caught if "clip_sample" in str(w.message)]
+
+
+@pytest.mark.parametrize("module, test", [
+    ("test_formulas", "test_causal_option_counts_only_unmasked_pairs"),
+    ("test_report", "test_footer_leaves_out_what_does_not_apply"),
+    ("test_attention_masks", "test_causal_option_keeps_its_old_meaning")])
+def test_the_deprecated_causal_option_is_tested_on_purpose(module, test):
+    """The fast tier printed the project's own FutureWarning (attention="causal"): each test
+    of the deprecated option says it uses it on purpose (as test_keywords does)."""
+    import importlib
+
+    marks = getattr(getattr(importlib.import_module(module), test), "pytestmark", [])
+    assert any(m.name == "filterwarnings" and 'attention="causal"' in m.args[0]
+               for m in marks)

@@ -230,6 +230,7 @@ def test_causal_pairs_equal_tril_mask_count(s_q, s_k):
         torch.ones(s_q, s_k, dtype=torch.bool).tril().sum())
 
 
+@pytest.mark.filterwarnings('ignore:.*attention="causal".*:FutureWarning')
 def test_causal_option_counts_only_unmasked_pairs():
     """attention="causal" prices the unmasked part; dense stays the default."""
     q, k, v = _qkv((1, 2, 2, 16, 16, 8, 8))

@@ -86,6 +86,7 @@ def test_type_goes_first_and_notes_follow_the_columns(width):
     assert ("Calls -:" in footer) == ("Calls" in header.split())
 
 
+@pytest.mark.filterwarnings('ignore:.*attention="causal".*:FutureWarning')
 def test_footer_leaves_out_what_does_not_apply():
     """A forward pass alone, its causal kernel taken to skip the masked pairs: no model vs
     hardware flops line (they are equal), no masked-pairs line, no Other note, no zero
