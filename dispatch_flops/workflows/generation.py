@@ -82,8 +82,9 @@ class GenerationRoofline:
     first): each a ``Roofline`` whose ``attainable_s`` is the sum of its ops' own
     ``max(flops / peak, bytes / bandwidth)`` (between the larger of the step's flops / peak
     and bytes / bandwidth and their sum), ``compute_s`` and ``memory_s`` the time of the ops
-    on each roof (they sum to ``attainable_s``; see ``ops_roofline``). Per-token figures are per decode step, which gives every sequence one
-    token. ``measured_*`` are ``None`` unless timing was on.
+    on each roof (they sum to ``attainable_s``; see ``ops_roofline``). Per-token figures
+    are per decode step, which gives every sequence one token. ``measured_*`` are ``None``
+    unless timing was on.
 
     >>> roof = gp.roofline("H100-SXM")
     >>> roof                    # one line: first token, per decode step, tokens/s, bounds
