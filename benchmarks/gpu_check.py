@@ -351,18 +351,8 @@ def kernel_time_vs_profiler(ctx: Context) -> list:
 
 
 def cudnn_attention_vs_profiler(ctx: Context) -> Verdict:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention
-
-    q, k, v = (torch.randn(8, 12, 1024, 64, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))
-
-    def step():
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-
     try:
-        step()
+        step = gt.cudnn_attention_step()
     except RuntimeError as e:
         raise Skipped(f"no cuDNN attention here: {one_line(e)}") from None
     theirs, _, _ = gt._profiled(step, gt.ROUNDS)

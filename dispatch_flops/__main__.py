@@ -124,15 +124,10 @@ def _parser() -> argparse.ArgumentParser:
                              "--warmup untimed ones")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
-    parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
+    _table_options(parser)
     parser.add_argument("--seq-len", type=int,
                         help="the demo's tokens (default 128; demo only: a model's inputs "
                              "are --input-shape)")
-    parser.add_argument("--width", type=int,
-                        help="the table's width in characters (default: the terminal's, 100 "
-                             "when output is not a terminal)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON (to_json)")
-    parser.add_argument("--csv", metavar="PATH", help="write module x phase x op rows as CSV")
     parser.add_argument("--trace", metavar="PATH",
                         help="write a Chrome/Perfetto trace of the first timed run "
                              "(turns --timing on)")
@@ -430,14 +425,20 @@ def _trace_parser() -> argparse.ArgumentParser:
                     "roofline on the trace's device.",
         epilog=TRACE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", metavar="FILE", help="the trace (JSON, plain or .gz)")
-    parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
     parser.add_argument("--ops", type=int, default=10,
                         help="ops in the roofline table, most time first (default 10; 0: none)")
-    parser.add_argument("--width", type=int,
-                        help="table width in characters (default: the terminal's, else 100)")
-    parser.add_argument("--json", metavar="PATH", help="write the priced run as JSON (to_json)")
-    parser.add_argument("--csv", metavar="PATH", help="write module x phase x op rows as CSV")
+    _table_options(parser)
     return parser
+
+
+def _table_options(parser: argparse.ArgumentParser) -> None:
+    """The options both commands share: the table's depth and width, the files written."""
+    parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
+    parser.add_argument("--width", type=int,
+                        help="the table's width in characters (default: the terminal's, 100 "
+                             "when output is not a terminal)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON (to_json)")
+    parser.add_argument("--csv", metavar="PATH", help="write module x phase x op rows as CSV")
 
 
 def _trace(argv) -> None:
