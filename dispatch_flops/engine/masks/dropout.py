@@ -41,13 +41,26 @@ _NOISE: dict = {}  # storage pointer -> (the storage's weakref, numel)
 _NOISE_NUMELS: set = set()  # their numels, kept as ``math_path.PAIRED_NUMELS`` is
 
 
-def _noise_drawn(rec, args, kwargs, out) -> None:
-    noise = args[0]
-    if not _noisy(noise):
-        return
+def _noise_drawn(cost: int) -> Callable:
+    """A draw (``bernoulli_``, ``bernoulli``, ``rand``, ``uniform_``): its result is noise,
+    its ``cost`` an element hardware only."""
+    rate = (cost, 0)
+
+    def tally(rec, args, kwargs, out) -> None:
+        noise = out[0] if out.__class__ is tuple else out
+        if not _noisy(noise):
+            return
+        if cost:
+            charge(rec, rate, noise.numel())
+        _note(noise)
+
+    return tally
+
+
+def _note(noise) -> None:
+    """Note ``noise``'s storage weakly, with its numel."""
     global _NOISE_NUMELS
     n = noise.numel()
-    charge(rec, (ELEMENT_COSTS["random_draw"] + ELEMENT_COSTS["bernoulli"], 0), n)
     with PAIRED_LOCK:
         if len(_NOISE) >= PAIRED_PURGE:
             purge(_NOISE)
@@ -74,16 +87,46 @@ def _is_noise(t) -> bool:
     return found is not None and found[1] == t.numel() and found[0]() is not None
 
 
-def _noise_used(cost: str) -> Callable:
-    """``noise / (1 - p)``, ``x * noise``, ``grad * noise``: dropout's, hardware only."""
+def _number(a) -> bool:
+    """A number, or a tensor holding one (Python's scalars reach aten as 0-d tensors)."""
+    return not isinstance(a, Tensor) or a.dim() == 0
+
+
+def _noise_used(cost: str, product: bool = True, noise_at: tuple = (0, 1)) -> Callable:
+    """An op on noise, whatever a layer spells it with (``noise / (1 - p)`` in place or not,
+    ``keep + rand``, ``floor_``, ``rand < p``, ``x * noise``, ``x.masked_fill(drop, 0)``,
+    ``grad * noise``): dropout's, hardware only. Its result is noise too where the op's other
+    operands are numbers or noise (a scale, a shift, a comparison of the noise); where one is
+    data (``product``) the result is the data, dropped out."""
     rate = (ELEMENT_COSTS[cost], 0)
 
     def tally(rec, args, kwargs, out) -> None:
-        if _NOISE and (_is_noise(args[0]) or len(args) > 1 and _is_noise(args[1])):
-            result = out[0] if isinstance(out, tuple) else out
-            charge(rec, rate, result.numel())
+        if not _NOISE:
+            return
+        found = [i for i in noise_at if i < len(args) and _is_noise(args[i])]
+        if not found:
+            return
+        result = out[0] if out.__class__ is tuple else out
+        alone = all(_number(a) or _is_noise(a) for i, a in enumerate(args[:2])
+                    if i not in found)
+        if not alone and not product:  # data + noise: no dropout
+            return
+        charge(rec, rate, result.numel())
+        if alone:
+            _note_derived(result)
+        elif PAIRED and isinstance(result, Tensor):  # masked probabilities, dropped out: still
+            for i, a in enumerate(args[:2]):  # masked where they were (as ``_mul_tally``)
+                if i not in found and isinstance(a, Tensor) and a.numel() == result.numel() \
+                        and (masked := paired_count(a)) is not None:
+                    note_paired(result, masked, forward=False)
+                    break
 
     return tally
+
+
+def _note_derived(result) -> None:
+    if _noisy(result) and not _is_noise(result):  # in place: noted already
+        _note(result)
 
 
 _mul_noise = _noise_used("mul")
@@ -114,7 +157,8 @@ def _mul_tally(rec, args, kwargs, out) -> None:
                 masked = paired_count(a)
                 if masked is not None and a.numel() == result.numel():
                     paired = masked
-            noise = noise or bool(_NOISE) and _is_noise(a)
+            if bool(_NOISE) and _is_noise(a):
+                noise = True
             continue
         n = a.numel()
         # the math path's numels read where they live (its purge rebinds them)
@@ -134,9 +178,40 @@ def _mul_tally(rec, args, kwargs, out) -> None:
         note_paired(result, paired, forward=False)
     if noise:
         charge(rec, _MUL_RATE, result.numel())
+        # ``noise * scale``: noise still (``x * noise``: the data, dropped out)
+        if all(_number(a) or _is_noise(a) for a in args[:2]):
+            _note_derived(result)
 
 
-# dropout's ops, and their tallies (``mul`` the math path's too)
+# dropout's ops, and their tallies (``mul`` the math path's too). Noise is what a draw made,
+# and what ops on it and numbers alone made from it (``_noise_used``); every op with noise as
+# an operand is dropout's, however a layer spells dropout (``nn.Dropout``, in place,
+# torchvision's stochastic depth, timm's drop-path old and new, a mask drawn and filled).
+_DRAW = ELEMENT_COSTS["random_draw"]
+_BERNOULLI = _DRAW + ELEMENT_COSTS["bernoulli"]
+_SCALED = ("Tensor", "Scalar")
 TALLIES = by_op((("mul", "Tensor", _mul_tally),
-                 ("bernoulli_", "float", _noise_drawn),
-                 ("div_", "Scalar", _noise_used("div"))))
+                 ("bernoulli_", "float", _noise_drawn(_BERNOULLI)),
+                 ("bernoulli_", "Tensor", _noise_drawn(_BERNOULLI)),
+                 ("bernoulli", "default", _noise_drawn(_BERNOULLI)),
+                 ("bernoulli", "p", _noise_drawn(_BERNOULLI)),
+                 ("rand", "default", _noise_drawn(_DRAW)),
+                 ("rand_like", "default", _noise_drawn(_DRAW)),
+                 ("uniform_", "default", _noise_drawn(_DRAW)),
+                 ("mul_", "Tensor", _noise_used("mul")),
+                 ("mul", "Scalar", _noise_used("mul")),
+                 ("mul_", "Scalar", _noise_used("mul")),
+                 *((op, overload, _noise_used("div"))
+                   for op in ("div", "div_") for overload in _SCALED),
+                 # a shift of the noise (``keep + rand``): noise; data + noise is no dropout
+                 *((op, overload, _noise_used("add", product=False))
+                   for op in ("add", "add_") for overload in _SCALED),
+                 ("bitwise_not", "default", _noise_used("bitwise_not", product=False)),
+                 ("logical_not", "default", _noise_used("logical_not", product=False)),
+                 ("floor", "default", _noise_used("floor", product=False)),
+                 ("floor_", "default", _noise_used("floor", product=False)),
+                 *((op, overload, _noise_used(op, product=False))
+                   for op in ("lt", "le", "gt", "ge") for overload in ("Scalar",)),
+                 ("masked_fill", "Scalar", _noise_used("masked_fill", noise_at=(1,))),
+                 ("masked_fill", "Tensor", _noise_used("masked_fill", noise_at=(1,))),
+                 ("where", "self", _noise_used("where", noise_at=(0,)))))
