@@ -68,8 +68,16 @@ def run_forward(model: nn.Module, call: Callable[[], Any], registry: Optional[Re
     ``aten.batch_norm``: the level jit traces and module hooks see; no inference tensor is
     made). ``rules`` (a peer's module rules) are installed around the call. The model and
     the leaf tensors of ``inputs`` are given back as they were found (``Untouched``: train
-    flags, hooks, attributes, buffers, gradients, RNG), whatever ends the call."""
-    with Untouched(model, inputs):
+    flags, hooks, attributes, buffers, gradients, RNG), whatever ends the call.
+
+    torch's fused module fast paths (``nn.MultiheadAttention``'s
+    ``_native_multi_head_attention``, ``nn.TransformerEncoderLayer``'s
+    ``_transformer_encoder_layer_fwd``, ``nn.TransformerEncoder``'s nested-tensor path) are
+    switched off for the call: the peers never take them (fvcore traces, thop, ptflops and
+    calflops run with grad on), so their modules run as their parts (``linear1``,
+    ``norm1``, ``self_attn``), priced by the peer's conventions and charged to those
+    submodules, as each peer sees them."""
+    with Untouched(model, inputs), slow_paths():
         if eval_mode:
             model.eval()
         if grad:
@@ -80,6 +88,22 @@ def run_forward(model: nn.Module, call: Callable[[], Any], registry: Optional[Re
                 FlopCounter(model, registry=registry) as counter:
             call()
     return counter
+
+
+@contextlib.contextmanager
+def slow_paths():
+    """torch's fused module fast paths off for the block (one switch, ``torch.backends.mha``,
+    gates all three), the previous setting restored after."""
+    backend = getattr(torch.backends, "mha", None)
+    if backend is None or not hasattr(backend, "set_fastpath_enabled"):
+        yield
+        return
+    before = backend.get_fastpath_enabled()
+    backend.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        backend.set_fastpath_enabled(before)
 
 
 def parameters_of(model: nn.Module) -> int:

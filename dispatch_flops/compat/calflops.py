@@ -158,8 +158,10 @@ def calculate_flops(model: nn.Module, input_shape=None, transformer_tokenizer=No
     flops = 2 * macs
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if print_results:
+        detail = _detailed(model, counter, macs, params, tuple(ignore_modules or ()),
+                           output_precision) if print_detailed else None
         print(_summary(flops, macs, params, include_backPropagation, output_unit,
-                       output_precision))
+                       output_precision, compute_bp_factor, detail))
     if output_as_string:
         return (flops_to_string(flops, units=output_unit, precision=output_precision),
                 macs_to_string(macs, units=output_unit, precision=output_precision),
@@ -181,9 +183,16 @@ def _sparse_macs(model: nn.Module, counter: FlopCounter) -> float:
     return total
 
 
-def _summary(flops: float, macs: float, params: int, backward: bool, units, precision) -> str:
+def _summary(flops: float, macs: float, params: int, backward: bool, units, precision,
+             factor: float = 2.0, detail: Optional[str] = None) -> str:
     line = "{:<70}  {:<8}"
     what = "fwd+bwd" if backward else "fwd"
+    # without the backward run, calflops' own estimate: fwd x (1 + compute_bp_factor)
+    estimated = [] if backward else [
+        line.format("fwd+bwd MACs: ", macs_to_string(macs * (1 + factor), units=units,
+                                                     precision=precision)),
+        line.format("fwd+bwd FLOPs: ", flops_to_string(flops * (1 + factor), units=units,
+                                                       precision=precision))]
     return "\n".join([
         "",
         "------------------------------------- Calculate Flops Results "
@@ -194,13 +203,68 @@ def _summary(flops: float, macs: float, params: int, backward: bool, units, prec
         "(FLOPS),",
         "fwd FLOPs (model forward propagation FLOPs), bwd FLOPs (model backward propagation "
         "FLOPs),",
-        "counted by dispatch_flops: FLOPs = 2 x MACs; backward measured, not estimated.",
+        "counted by dispatch_flops: FLOPs = 2 x MACs; with include_backPropagation the "
+        "backward is measured,",
+        f"else fwd+bwd is calflops' estimate, {factor:.2f} x the forward for the backward.",
         "",
         line.format("Total Training Params: ", params_to_string(params)),
         line.format(f"{what} MACs: ", macs_to_string(macs, units=units, precision=precision)),
         line.format(f"{what} FLOPs: ", flops_to_string(flops, units=units, precision=precision)),
+        *estimated,
+        *([detail] if detail else []),
         "---------------------------------------------------------------------------------------"
         "------------",
+    ])
+
+
+def _detailed(model: nn.Module, counter: FlopCounter, total_macs: float, total_params: int,
+              ignored: tuple, precision: int) -> str:
+    """calflops' "Detailed Calculated FLOPs Results": ``str(model)`` with each module's
+    trainable parameters, MACs and FLOPs (its children's included) and their shares; modules
+    of the ``ignored`` classes printed as torch prints them."""
+    stats = counter.by_module()
+    total_flops = 2 * total_macs
+
+    def share(value: float, total: float) -> str:
+        return f"{round(100 * value / total, precision) if total else 0:g}%"
+
+    def describe(module: nn.Module, name: str) -> str:
+        items = []
+        if not isinstance(module, ignored):
+            own = sum(p.numel() for p in module.parameters() if p.requires_grad)
+            macs = stats[name].macs if name in stats else 0
+            items += [f"{params_to_string(own)} = {share(own, total_params)} Params",
+                      f"{macs_to_string(macs)} = {share(macs, total_macs)} MACs",
+                      f"{flops_to_string(2 * macs)} = {share(2 * macs, total_flops)} FLOPs"]
+        if module.extra_repr():
+            items.append(module.extra_repr())
+        children = []
+        for key, sub in module._modules.items():
+            if sub is not None:
+                text = describe(sub, name + ("." if name else "") + key)
+                children.append(f"({key}): " + text.replace("\n", "\n  "))
+        extra = ", ".join(items)
+        if not children:
+            return f"{module._get_name()}({extra})"
+        return module._get_name() + "(\n  " + "\n  ".join(([extra] if extra else []) +
+                                                          children) + "\n)"
+
+    return "\n".join([
+        "",
+        "-------------------------------- Detailed Calculated FLOPs Results "
+        "--------------------------------",
+        "Each module caculated is listed after its name in the following order: ",
+        "params, percentage of total params, MACs, percentage of total MACs, FLOPS, "
+        "percentage of total FLOPs",
+        "",
+        "Note: 1. A module can have torch.nn.module or torch.nn.functional to compute logits "
+        "(e.g. CrossEntropyLoss). ",
+        " They are not counted as submodules in calflops and not to be printed out. However "
+        "they make up the difference between a parent's MACs and the sum of its submodules'.",
+        "2. Number of floating-point operations is a theoretical estimation, thus FLOPS "
+        "computed using that could be larger than the maximum system throughput.",
+        "",
+        describe(model, ""),
     ])
 
 
