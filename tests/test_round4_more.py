@@ -136,3 +136,43 @@ def test_data_plus_random_noise_stays_model_work():
     with FlopCounter() as fc:
         x + torch.rand(6, 7)
     assert fc.model_flops() == 42 * C["add"]
+
+
+# -- item 6: diffusion steps as the scheduler defines them ------------------------------------
+
+
+@pytest.mark.parametrize("make, evaluations", [
+    ("HeunDiscreteScheduler", (2, 2, 1)),
+    ("DPMSolverSinglestepScheduler", (1, 1, 1)),
+    ("DPMSolverMultistepScheduler", (1, 1, 1)),
+])
+def test_steps_are_the_schedulers_steps(make, evaluations):
+    """Heun (two evaluations a step, its last one), DPM-Solver 2S (``solver_order=2``, one
+    evaluation per timestep: diffusers' own count) and a multistep solver: as many steps as
+    ``num_inference_steps``, each with its evaluations; per_step() times the steps is the
+    denoising total."""
+    import diffusers
+    from diffusers import DiTPipeline, DiTTransformer2DModel
+    from test_diffusion import DIT, tiny_vae
+
+    from dispatch_flops import profile_pipeline
+
+    torch.manual_seed(0)
+    kwargs = {"solver_order": 2} if make.startswith("DPM") else {}
+    scheduler = getattr(diffusers, make)(**kwargs)
+    pipe = DiTPipeline(transformer=DiTTransformer2DModel(**dict(DIT, sample_size=8)).eval(),
+                       vae=tiny_vae(), scheduler=scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    pp = profile_pipeline(pipe, class_labels=[1], num_inference_steps=3, guidance_scale=1.0,
+                          output_type="np")
+    assert len(pp.steps) == 3
+    assert tuple(s.evaluations for s in pp.denoising) == evaluations
+    assert tuple(len(s.passes) for s in pp.denoising) == evaluations
+    assert pp.evaluations == sum(evaluations)
+    assert pp.evaluations_per_step == sum(evaluations) / 3
+    whole = sum(s.total.flops for s in pp.denoising)
+    assert pp.per_step().flops * 3 == pytest.approx(whole)
+    assert pp.components["transformer"].total.flops == sum(
+        p.total.flops for s in pp.denoising for p in s.passes)
+    again = type(pp).from_dict(pp.to_dict())
+    assert tuple(s.evaluations for s in again.denoising) == evaluations

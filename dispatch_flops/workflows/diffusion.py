@@ -236,7 +236,10 @@ class DenoisingStep:
     ``denoisers`` and its latent batch in ``batches``) and ``scheduler.step``'s
     (``scheduler``; ``None`` in a loop without one). ``timestep``: the scheduler's (or the
     denoiser's) timestep, ``None`` where it cannot be read (meta tensors). ``guidance``:
-    ``BATCHED`` (one pass over both halves), ``SEPARATE`` (two passes) or ``NONE``."""
+    ``BATCHED`` (one pass over both halves), ``SEPARATE`` (two passes) or ``NONE``.
+    ``evaluations``: the evaluations of the denoiser the step is made of: a step is the
+    scheduler's (its ``order``, its ``timesteps``), not a ``scheduler.step`` call — Heun's
+    runs two (``scheduler.order`` 2), its last one; a first-order or multistep solver's one."""
 
     step: int
     timestep: Optional[float]
@@ -246,6 +249,7 @@ class DenoisingStep:
     batches: tuple
     scheduler: Optional[Profile]
     guidance: Guidance
+    evaluations: int = 1  # the denoiser's evaluations (scheduler.step calls): 2 in Heun's
 
     @property
     def total(self) -> Stats:
@@ -325,7 +329,28 @@ def profile_pipeline(pipe: Any, *args, fn: Optional[Callable] = None,
             output = call(*args, **call_kwargs)
     finally:
         spans.detach()
-    return PipelineProfile._of(counter.to_profile(), spans.spans, _images(output), timing)
+    return PipelineProfile._of(counter.to_profile(), spans.spans, _images(output), timing,
+                               _scheduler_steps(scheduler))
+
+
+def _scheduler_steps(scheduler: Any) -> Optional[tuple]:
+    """Where the scheduler's steps end among its ``step`` calls, as diffusers' loops count
+    them (their progress bar): after call ``i`` (0-based) when ``i`` is the last timestep's,
+    or ``i + 1`` is past the warm-up and a multiple of ``scheduler.order``; None for a
+    first-order scheduler (each call a step) or one whose schedule cannot be read."""
+    order = getattr(scheduler, "order", 1)
+    timesteps = getattr(scheduler, "timesteps", None)
+    steps = getattr(scheduler, "num_inference_steps", None)
+    if not isinstance(order, int) or order <= 1 or timesteps is None or \
+            not isinstance(steps, int) or steps <= 0:
+        return None
+    try:
+        length = len(timesteps)
+    except TypeError:
+        return None
+    warmup = length - steps * order
+    return tuple(i for i in range(length)
+                 if i == length - 1 or (i + 1 > warmup and (i + 1) % order == 0))
 
 
 def _images(output: Any) -> Optional[int]:
@@ -399,7 +424,18 @@ class PipelineProfile:
     @property
     def evaluations_per_image(self) -> float:
         """Images' worth of denoiser work per step: 2 with classifier-free guidance."""
-        return mean(sum(s.batches) for s in self.denoising) / self.images
+        return mean(sum(s.batches) / s.evaluations for s in self.denoising) / self.images
+
+    @property
+    def evaluations(self) -> int:
+        """The denoiser's evaluations over all steps (Heun's: about two a step)."""
+        return sum(s.evaluations for s in self.denoising)
+
+    @property
+    def evaluations_per_step(self) -> float:
+        """The denoiser's evaluations per scheduler step: 1 for a first-order or multistep
+        solver, up to ``scheduler.order`` for Heun's or a single-step solver's."""
+        return self.evaluations / len(self.denoising)
 
     def per_image(self) -> Average:
         """The whole call's counts per image made."""
@@ -414,7 +450,7 @@ class PipelineProfile:
 
     @classmethod
     def _of(cls, profile: Profile, spans: list, images: Optional[int],
-            timing: bool) -> "PipelineProfile":
+            timing: bool, ends: Optional[tuple] = None) -> "PipelineProfile":
         by_scheduler = any(s.kind == "scheduler" for s in spans)
         for span in spans:
             span.timestep = _value(span.timestep)
@@ -448,7 +484,31 @@ class PipelineProfile:
             first = next((s.batch for s in spans if s.batch), None)
             update = next((s.batch for s in spans if s.kind == "scheduler" and s.batch), None)
             images = update or first or 1
-        made = tuple(_step(i, parts, images, timing) for i, parts in enumerate(steps))
+        # evaluations grouped into the scheduler's steps (``_scheduler_steps``), where each
+        # evaluation ended in its ``scheduler.step`` and there are as many as its timesteps
+        evaluated = [1] * len(steps)
+        if ends and by_scheduler and len(steps) == ends[-1] + 1 and all(
+                any(p.kind == "scheduler" for p in parts) for parts in steps):
+            group_of: dict = {}
+            grouped: list = []
+            first = 0
+            for end in ends:
+                group_of.update({i: len(grouped) for i in range(first, end + 1)})
+                grouped.append([p for parts in steps[first:end + 1] for p in parts])
+                first = end + 1
+            evaluated = [sum(1 for g_of in group_of.values() if g_of == g)
+                         for g in range(len(grouped))]
+            steps = grouped
+            regrouped: list = []
+            for kind, item in top:  # a step's evaluations: one step, where its first was
+                if kind == "step":
+                    item = group_of[item]
+                    if ("step", item) in regrouped:
+                        continue
+                regrouped.append((kind, item))
+            top = regrouped
+        made = tuple(_step(i, parts, images, timing, evaluated[i])
+                     for i, parts in enumerate(steps))
         components: dict[str, list] = {}  # in the order they first ran
         alone = {id(item) for kind, item in top if kind == "component"}  # a lone update too
         for span in spans:
@@ -500,6 +560,7 @@ class PipelineProfile:
                 "components": {n: p.to_dict() for n, p in self.components.items()},
                 "steps": [dict(step=s.step, timestep=s.timestep, denoisers=list(s.denoisers),
                                batches=list(s.batches), guidance=s.guidance,
+                               evaluations=s.evaluations,
                                profile=s.profile.to_dict(),
                                passes=[p.to_dict() for p in s.passes],
                                scheduler=None if s.scheduler is None
@@ -517,7 +578,8 @@ class PipelineProfile:
             step=s["step"], timestep=s["timestep"], profile=load(s["profile"]),
             passes=tuple(load(p) for p in s["passes"]), denoisers=tuple(s["denoisers"]),
             batches=tuple(s["batches"]), scheduler=load(s["scheduler"]),
-            guidance=Guidance(s["guidance"])) for s in data["steps"])
+            guidance=Guidance(s["guidance"]), evaluations=s.get("evaluations", 1))
+            for s in data["steps"])
         return cls(load(data["profile"]), {n: load(p) for n, p in data["components"].items()},
                    steps, load(data["outside"]), data["images"],
                    tuple((k, v) for k, v in data["order"]), data["calls"])
@@ -541,26 +603,33 @@ class PipelineProfile:
         return self.table()
 
     def __repr__(self) -> str:
-        return (f"PipelineProfile({len(self.denoising)} denoising steps, {self.images} "
+        evaluated = ("" if self.evaluations == len(self.denoising)
+                     else f" ({self.evaluations} denoiser evaluations)")
+        return (f"PipelineProfile({len(self.denoising)} denoising steps{evaluated}, "
+                f"{self.images} "
                 f"image{'s' if self.images != 1 else ''}, guidance {self.guidance}, "
                 f"{self.total.flops:,} FLOPs)")
 
 
-def _step(i: int, parts: list, images: int, timing: bool) -> DenoisingStep:
-    """Step ``i`` from its spans: its first call's start to its last's end."""
+def _step(i: int, parts: list, images: int, timing: bool,
+          evaluations: int = 1) -> DenoisingStep:
+    """Step ``i`` from its spans (its ``evaluations``' together): its first call's start to
+    its last's end."""
     first, last = parts[0], parts[-1]
     assert last.after is not None
     passes = [s for s in parts if _named(s.name, _DENOISERS)]
-    update = next((s for s in parts if s.kind == "scheduler"), None)
-    t = update.timestep if update is not None else passes[0].timestep if passes else None
+    updates = [s for s in parts if s.kind == "scheduler"]
+    t = updates[0].timestep if updates else passes[0].timestep if passes else None
     batches = tuple(s.batch or 0 for s in passes)
+    per_evaluation = batches[:max(1, len(batches) // evaluations)]
     return DenoisingStep(
         step=i, timestep=t if isinstance(t, float) else None,
         profile=_timed(since(last.after, first.before), first.start_ns, last.end_ns, timing),
         passes=tuple(s.profile(timing) for s in passes),
         denoisers=tuple(s.name for s in passes), batches=batches,
-        scheduler=None if update is None else update.profile(timing),
-        guidance=_guidance(batches, images))
+        scheduler=None if not updates else updates[0].profile(timing) if len(updates) == 1
+        else Profile.merge([u.profile(timing) for u in updates]),
+        guidance=_guidance(per_evaluation, images), evaluations=evaluations)
 
 
 def _guidance(batches: tuple, images: int) -> Guidance:
