@@ -177,3 +177,15 @@ class OpLog(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(str(func.overloadpacket))
         return func(*args, **(kwargs or {}))
+
+
+def real_package(name: str, attribute: str):
+    """The installed package ``name`` (its module holding ``attribute``), else a skip: the
+    original tools are not in the test extra, and ``tests/peers/<name>`` (their own tests,
+    run against our drop-ins) would import as an empty namespace package of that name."""
+    import pytest
+
+    module = pytest.importorskip(name)
+    if not hasattr(module, attribute):
+        pytest.skip(f"{name} is not installed (only tests/peers/{name.split('.')[0]} is)")
+    return module

@@ -7,11 +7,11 @@ import contextlib
 import io
 import re
 
-import pytest
 import torch
 from torch import nn
 
 from dispatch_flops.compat import calflops, fvcore, ptflops, thop
+from helpers import real_package
 
 
 def _encoder() -> nn.Module:
@@ -107,8 +107,8 @@ def test_multihead_attention_fast_path_priced_as_its_parts():
 def test_encoder_fast_path_matches_the_real_ptflops_and_fvcore():
     """Against the installed originals (not in CI): ptflops' MACs and per-Linear lines equal;
     fvcore's linear and layer-norm counts and never-called modules equal."""
-    real_ptflops = pytest.importorskip("ptflops")
-    real_fvcore = pytest.importorskip("fvcore.nn")
+    real_ptflops = real_package("ptflops", "get_model_complexity_info")
+    real_fvcore = real_package("fvcore.nn", "FlopCountAnalysis")
     model = _encoder()
     ost = io.StringIO()
     theirs = _quiet(lambda: real_ptflops.get_model_complexity_info(
@@ -154,7 +154,7 @@ def test_ptflops_headline_is_the_tree_root_and_the_original_double_counts():
     macs, _ = ptflops.get_model_complexity_info(_cnn(), (3, 32, 32), as_strings=False, ost=ost)
     root = re.search(r"\d+ k, 100.000% Params, ([\d.]+) MMac", ost.getvalue())
     assert root and float(root.group(1)) == round(macs / 1e6, 2)
-    real = pytest.importorskip("ptflops")
+    real = real_package("ptflops", "get_model_complexity_info")
     theirs_ost = io.StringIO()
     theirs, _ = _quiet(lambda: real.get_model_complexity_info(
         _cnn(), (3, 32, 32), as_strings=False, ost=theirs_ost))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from dispatch_flops.compat import fvcore, ptflops, thop
+from helpers import real_package
 
 X = torch.randn(2, 4)
 
@@ -64,7 +65,7 @@ def test_a_handle_returning_two_names_counts_both():
 def test_handles_behave_as_real_fvcores(handle):
     """The same handle on the real fvcore: it raises where the drop-in raises, and counts the
     same names where it counts."""
-    real = pytest.importorskip("fvcore.nn")
+    real = real_package("fvcore.nn", "FlopCountAnalysis")
     model = _linear_model()
     ours = fvcore.FlopCountAnalysis(model, (X,)).set_op_handle("aten::linear", handle)
     theirs = real.FlopCountAnalysis(model, (X,)).set_op_handle("aten::linear", handle)
@@ -121,7 +122,7 @@ def test_thop_a_rule_on_an_inner_class_replaces_what_runs_inside_it():
 
 
 def test_thop_rules_as_real_thops():
-    real = pytest.importorskip("thop")
+    real = real_package("thop", "profile")
     if not real.__version__.startswith("0.1.1"):  # ultralytics-thop 2.x adds children's
         pytest.skip("thop 0.1.1's replacement is the documented behaviour")
     model = Root()
@@ -144,7 +145,7 @@ def test_ptflops_aten_backend_adds_a_bias_per_output_element():
 
 
 def test_ptflops_aten_backend_as_real_ptflops():
-    real = pytest.importorskip("ptflops")
+    real = real_package("ptflops", "get_model_complexity_info")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
     kwargs = dict(as_strings=False, print_per_layer_stat=False, backend="aten",
@@ -170,7 +171,7 @@ def test_ptflops_a_hook_on_the_root_class_replaces_everything(real):
     kwargs = dict(as_strings=False, print_per_layer_stat=False, custom_modules_hooks=hooks)
     ours, _ = ptflops.get_model_complexity_info(Root(), (4,), **kwargs)
     if real:
-        theirs, _ = pytest.importorskip("ptflops").get_model_complexity_info(
+        theirs, _ = real_package("ptflops", "get_model_complexity_info").get_model_complexity_info(
             Root(), (4,), **kwargs)
         assert ours == theirs
     else:
