@@ -176,3 +176,17 @@ def test_steps_are_the_schedulers_steps(make, evaluations):
         p.total.flops for s in pp.denoising for p in s.passes)
     again = type(pp).from_dict(pp.to_dict())
     assert tuple(s.evaluations for s in again.denoising) == evaluations
+
+
+@pytest.mark.parametrize("columns", ["²", "٣", "12a", "-5", "0", ""])
+def test_a_columns_value_that_is_not_a_width_falls_back(monkeypatch, columns):
+    """COLUMNS="²" passed str.isdigit() and made int() raise in every table; any value that
+    is not a plain positive number is ignored (the terminal's width, or 100)."""
+    from dispatch_flops.views.table import DEFAULT_WIDTH, terminal_width
+
+    monkeypatch.setenv("COLUMNS", columns)
+    assert terminal_width() == DEFAULT_WIDTH  # stdout is captured: not a terminal
+    model = torch.nn.Linear(4, 4)
+    with FlopCounter(model) as fc:
+        model(torch.randn(2, 4))
+    assert "Linear" in fc.table()

@@ -182,7 +182,7 @@ def terminal_width() -> int:
     """The width to fit: ``COLUMNS`` when it is set (``COLUMNS=80 python ... | less`` too),
     else the terminal's; ``DEFAULT_WIDTH`` when stdout is not a terminal."""
     columns = os.environ.get("COLUMNS", "").strip()
-    if columns.isdigit() and int(columns) > 0:
+    if columns.isascii() and columns.isdigit() and int(columns) > 0:  # not "²": int() refuses
         return max(40, int(columns))
     try:
         if not sys.stdout.isatty():
