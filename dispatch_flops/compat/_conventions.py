@@ -106,6 +106,27 @@ def slow_paths():
         backend.set_fastpath_enabled(before)
 
 
+def annotated_repr(model: nn.Module, items: Callable[[nn.Module, str], list]) -> str:
+    """``print(model)``'s tree with each module's figures inside its parentheses (``items``:
+    the texts for a module and its dotted name, before its ``extra_repr()``), as ptflops'
+    and calflops' detailed printouts show it."""
+
+    def describe(module: nn.Module, name: str) -> str:
+        texts = list(items(module, name))
+        if module.extra_repr():
+            texts.append(module.extra_repr())
+        children = [f"({key}): " + describe(sub, name + ("." if name else "") + key)
+                    .replace("\n", "\n  ")
+                    for key, sub in module._modules.items() if sub is not None]
+        joined = ", ".join(texts)
+        if not children:
+            return f"{module._get_name()}({joined})"
+        return module._get_name() + "(\n  " + "\n  ".join(([joined] if joined else []) +
+                                                          children) + "\n)"
+
+    return describe(model, "")
+
+
 def parameters_of(model: nn.Module) -> int:
     """Every parameter of ``model``, shared ones once (thop 2.x's figure; ptflops and
     calflops count the trainable ones)."""

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from dispatch_flops.compat._conventions import run_forward
+from dispatch_flops.compat._conventions import annotated_repr, run_forward
 from dispatch_flops.counter import FlopCounter
 
 FORWARD_MODES = ("forward", "generate")
@@ -228,26 +228,14 @@ def _detailed(model: nn.Module, counter: FlopCounter, total_macs: float, total_p
     def share(value: float, total: float) -> str:
         return f"{round(100 * value / total, precision) if total else 0:g}%"
 
-    def describe(module: nn.Module, name: str) -> str:
-        items = []
-        if not isinstance(module, ignored):
-            own = sum(p.numel() for p in module.parameters() if p.requires_grad)
-            macs = stats[name].macs if name in stats else 0
-            items += [f"{params_to_string(own)} = {share(own, total_params)} Params",
-                      f"{macs_to_string(macs)} = {share(macs, total_macs)} MACs",
-                      f"{flops_to_string(2 * macs)} = {share(2 * macs, total_flops)} FLOPs"]
-        if module.extra_repr():
-            items.append(module.extra_repr())
-        children = []
-        for key, sub in module._modules.items():
-            if sub is not None:
-                text = describe(sub, name + ("." if name else "") + key)
-                children.append(f"({key}): " + text.replace("\n", "\n  "))
-        extra = ", ".join(items)
-        if not children:
-            return f"{module._get_name()}({extra})"
-        return module._get_name() + "(\n  " + "\n  ".join(([extra] if extra else []) +
-                                                          children) + "\n)"
+    def items(module: nn.Module, name: str) -> list:
+        if isinstance(module, ignored):
+            return []
+        own = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        macs = stats[name].macs if name in stats else 0
+        return [f"{params_to_string(own)} = {share(own, total_params)} Params",
+                f"{macs_to_string(macs)} = {share(macs, total_macs)} MACs",
+                f"{flops_to_string(2 * macs)} = {share(2 * macs, total_flops)} FLOPs"]
 
     return "\n".join([
         "",
@@ -264,7 +252,7 @@ def _detailed(model: nn.Module, counter: FlopCounter, total_macs: float, total_p
         "2. Number of floating-point operations is a theoretical estimation, thus FLOPS "
         "computed using that could be larger than the maximum system throughput.",
         "",
-        describe(model, ""),
+        annotated_repr(model, items),
     ])
 
 

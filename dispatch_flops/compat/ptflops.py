@@ -29,7 +29,13 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple, Union
 import torch
 from torch import nn
 
-from dispatch_flops.compat._conventions import ModuleRules, PeerRegistry, numel, run_forward
+from dispatch_flops.compat._conventions import (
+    ModuleRules,
+    PeerRegistry,
+    annotated_repr,
+    numel,
+    run_forward,
+)
 
 aten = torch.ops.aten
 
@@ -330,26 +336,15 @@ def _model_text(model, counter, rules, total: int, params: int, samples: int,
             r.stats.macs for r in counter.records() if name in r.stack)))
         return figure / samples
 
-    def describe(module: nn.Module, name: str) -> str:
+    def items(module: nn.Module, name: str) -> list:
         own = sum(p.numel() for p in module.parameters() if p.requires_grad)
         macs = module_macs(name)
-        items = [params_to_string(own, units=param_units, precision=precision),
-                 f"{own / params_total:.3%} Params",
-                 flops_to_string(macs, units=flops_units, precision=precision),
-                 f"{macs / total:.3%} MACs"]
-        if module.extra_repr():
-            items.append(module.extra_repr())
-        children = []
-        for key, sub in module._modules.items():
-            if sub is not None:
-                text = describe(sub, name + ("." if name else "") + key)
-                children.append(f"({key}): " + text.replace("\n", "\n  "))
-        lines = [", ".join(items)] + children
-        if not children:
-            return f"{module._get_name()}({lines[0]})"
-        return module._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
+        return [params_to_string(own, units=param_units, precision=precision),
+                f"{own / params_total:.3%} Params",
+                flops_to_string(macs, units=flops_units, precision=precision),
+                f"{macs / total:.3%} MACs"]
 
-    return describe(model, "")
+    return annotated_repr(model, items)
 
 
 __all__ = ["FLOPS_BACKEND", "flops_to_string", "get_model_complexity_info", "params_to_string"]
