@@ -202,7 +202,8 @@ def test_bert_trace_kernel_time_and_device(device):
     roofs = priced.roofline_by_operator(spec)
     assert roofs["aten.addmm"].efficiency is not None and 0 < roofs["aten.addmm"].efficiency
     assert priced.mfu(spec) > 0
-    assert "aten.addmm" in priced.table(depth=1, ops=2) or "BertModel_0" in priced.table()
+    table = priced.table(depth=1)
+    assert "BertModel_0" in table and "Kernel time" in table
 
 
 def test_h100_and_mi300_traces_price_alike():
